@@ -1,0 +1,227 @@
+// simdattn public C++ API: fused scaled dot-product attention on CPUs.
+// The contract (every option, every error) is docs/SEMANTICS.md; this header
+// documents the types and calls that carry it.
+
+#ifndef SIMDATTN_ATTENTION_H_
+#define SIMDATTN_ATTENTION_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#if defined(_WIN32) || defined(__CYGWIN__)
+#define SIMDATTN_API
+#else
+#define SIMDATTN_API __attribute__((visibility("default")))
+#endif
+
+namespace simdattn {
+
+// ---------------------------------------------------------------- Status
+
+enum class StatusCode : int32_t {
+  kOk = 0,
+  kInvalidArgument = 1,  // bad shapes, strides, pointers, option values
+  kUnimplemented = 2,    // valid call that no fast path covers yet
+  kInternal = 3,         // resource failure (e.g. out of memory)
+};
+
+// Result of every call that can fail. `message` names the offending argument
+// and value; it is empty when ok().
+struct Status {
+  StatusCode code = StatusCode::kOk;
+  std::string message;
+
+  bool ok() const { return code == StatusCode::kOk; }
+  static Status Ok() { return Status(); }
+};
+
+SIMDATTN_API const char* StatusCodeName(StatusCode code);
+
+// ---------------------------------------------------------------- Tensors
+
+enum class DType : int32_t {
+  kF32 = 0,
+  kF16 = 1,   // IEEE binary16
+  kBF16 = 2,  // bfloat16
+  kBool = 3,  // one byte per element, 0 = hidden, non-zero = attend (masks)
+};
+
+SIMDATTN_API const char* DTypeName(DType dtype);
+SIMDATTN_API int64_t DTypeSize(DType dtype);
+
+// A strided 4-D view of memory the caller owns. Extents and strides are in
+// elements (not bytes), outermost first. The last stride must be 1; the others
+// are free (0 broadcasts), so PyTorch's BHSD and the engines' BSHD layouts are
+// both plain views. Logical dimension order is always the one of
+// SEMANTICS.md: Q [B, Hq, Lq, Dk], K [B, Hkv, Lk, Dk], V [B, Hkv, Lk, Dv],
+// O [B, Hq, Lq, Dv], LSE [B, Hq, Lq, 1], mask [B, Hq, Lq, Lk].
+struct TensorView {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t shape[4] = {0, 0, 0, 0};
+  int64_t strides[4] = {0, 0, 0, 0};
+};
+
+// The same for outputs. Converts to a TensorView, so a view made from a
+// non-const pointer also serves as an input.
+struct MutableTensorView {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t shape[4] = {0, 0, 0, 0};
+  int64_t strides[4] = {0, 0, 0, 0};
+
+  operator TensorView() const {  // NOLINT(google-explicit-constructor)
+    TensorView v;
+    v.data = data;
+    v.dtype = dtype;
+    for (int i = 0; i < 4; ++i) {
+      v.shape[i] = shape[i];
+      v.strides[i] = strides[i];
+    }
+    return v;
+  }
+};
+
+// Logical [d0, d1, d2, d3] stored densely in that order (BHSD for Q/K/V/O).
+SIMDATTN_API TensorView MakeBHSD(const void* data, DType dtype, int64_t b,
+                                 int64_t h, int64_t s, int64_t d);
+SIMDATTN_API MutableTensorView MakeBHSD(void* data, DType dtype, int64_t b,
+                                        int64_t h, int64_t s, int64_t d);
+// Logical [b, h, s, d] stored as [b, s, h, d] (BSHD, engines' KV caches).
+SIMDATTN_API TensorView MakeBSHD(const void* data, DType dtype, int64_t b,
+                                 int64_t h, int64_t s, int64_t d);
+SIMDATTN_API MutableTensorView MakeBSHD(void* data, DType dtype, int64_t b,
+                                        int64_t h, int64_t s, int64_t d);
+
+// ---------------------------------------------------------------- Options
+
+// Where query row i sits on the key axis (SEMANTICS.md "alignment").
+enum class Alignment : int32_t {
+  kTopLeft = 0,      // p(i) = i (PyTorch is_causal)
+  kBottomRight = 1,  // p(i) = i + Lk_b - Lq (KV-cache convention)
+};
+
+// Every option of SEMANTICS.md. Defaults give plain softmax(Q Kᵀ/sqrt(Dk)) V.
+struct AttentionOptions {
+  // Multiplies Q·K. Unset: 1/sqrt(Dk). Must be finite and >= 0.
+  std::optional<float> scale;
+  // Hide keys j > p(i).
+  bool causal = false;
+  // Alignment used by causal, windows and ALiBi (with or without causal).
+  Alignment alignment = Alignment::kTopLeft;
+  // Sliding window, FlashAttention 2 convention: key j is visible when
+  // p(i) - window_left <= j <= p(i) + window_right. Negative: unbounded.
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  // s = softcap * tanh(s / softcap) when > 0 (Gemma 2). 0 = off. Finite.
+  float softcap = 0.0f;
+  // Hq slopes: s -= slope[h] * |p(i) - j|. nullptr = off.
+  const float* alibi_slopes = nullptr;
+  // Hq sink logits that only enlarge the softmax denominator. nullptr = off.
+  const float* sinks = nullptr;
+  // Optional mask, logically [B, Hq, Lq, Lk]: kBool (1 = attend) or additive
+  // kF32/kF16. Each extent equals the full one or is 1 (broadcast; its stride
+  // is then ignored); stride 0 also broadcasts. data == nullptr = no mask.
+  TensorView mask;
+  // B valid key counts in [0, Lk]; keys j >= kv_lengths[b] are hidden.
+  // nullptr = all Lk keys valid.
+  const int64_t* kv_lengths = nullptr;
+  // Dropout on the normalized weights, p in [0, 1); the keep mask is a
+  // Philox4x32-10 function of (seed, b, h, i, j). 0 = off.
+  float dropout_p = 0.0f;
+  uint64_t dropout_seed = 0;
+};
+
+// ---------------------------------------------------------------- Threads
+
+// A pool of persistent worker threads. The calling thread takes part in the
+// work, so a pool of N threads starts N - 1 workers. Results are bit-identical
+// for any thread count. One pool serves one call at a time; concurrent calls
+// on the same pool are serialized.
+class SIMDATTN_API ThreadPool {
+ public:
+  // num_threads <= 0: std::thread::hardware_concurrency().
+  explicit ThreadPool(int num_threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const;
+
+  // Runs task(arg, i) for every i in [0, num_tasks) and returns when all have
+  // finished. Tasks run in any order on any of the pool's threads.
+  void ParallelFor(int64_t num_tasks, void (*task)(void* arg, int64_t i),
+                   void* arg);
+
+  struct Impl;
+
+ private:
+  Impl* impl_;
+};
+
+// A host engine's own parallel-for: must run task(task_arg, i) exactly once
+// for every i in [0, num_tasks), on any threads, in any order, and return
+// when all are done. `user` is passed through unchanged.
+using ParallelForFn = void (*)(void* user, int64_t num_tasks,
+                               void (*task)(void* task_arg, int64_t i),
+                               void* task_arg);
+
+// How a call runs. Priority: parallel_for, then pool, then a process-wide
+// default pool with hardware_concurrency() threads, created on first use.
+struct ExecutionOptions {
+  ThreadPool* pool = nullptr;
+  ParallelForFn parallel_for = nullptr;
+  void* parallel_for_user = nullptr;
+};
+
+// Filled by Attention() on success.
+struct RunInfo {
+  const char* target = "";  // the code path that ran, e.g. "AVX3_DL", "NEON"
+  int64_t num_tasks = 0;    // independent work items handed to the threads
+};
+
+// ---------------------------------------------------------------- Calls
+
+// Computes O = softmax(scale * Q Kᵀ + options) V and, when lse.data is not
+// null, LSE = log-sum-exp of each row's scores (f32, shape [B, Hq, Lq, 1]).
+//
+// Returns:
+//   kOk              O (and LSE) written.
+//   kInvalidArgument a bad argument (SEMANTICS.md "Bad input"); the message
+//                    names it. Nothing is written.
+//   kUnimplemented   valid, but the fast path does not cover this option or
+//                    dtype yet. Nothing is written.
+//   kInternal        out of memory. Nothing is written.
+// Never throws, aborts or prints.
+SIMDATTN_API Status Attention(const TensorView& q, const TensorView& k,
+                              const TensorView& v, const MutableTensorView& o,
+                              const AttentionOptions& options = {},
+                              const MutableTensorView& lse = {},
+                              const ExecutionOptions& exec = {},
+                              RunInfo* info = nullptr);
+
+// ---------------------------------------------------------------- Targets
+
+// Code paths compiled into this build that this CPU can run, best first
+// (Highway's order of preference), e.g. {"AVX3_DL", "AVX3", ..., "SCALAR"}.
+SIMDATTN_API std::vector<std::string> AvailableTargets();
+// Every code path compiled into this build, best first, whether or not this
+// CPU can run it.
+SIMDATTN_API std::vector<std::string> CompiledTargets();
+
+// Caps the code path: calls run the best available target that is not
+// preferred over `name` (as ONEDNN_MAX_CPU_ISA does). nullptr or "" removes
+// the cap set here and goes back to the environment variable
+// SIMDATTN_MAX_TARGET (read at each call). kInvalidArgument for a name that is
+// not a target of this architecture; the cap is then unchanged.
+SIMDATTN_API Status SetMaxTarget(const char* name);
+
+// The target the next call will run, after caps; an error when the cap from
+// SIMDATTN_MAX_TARGET is not a known target name.
+SIMDATTN_API Status SelectedTarget(std::string* name);
+
+}  // namespace simdattn
+
+#endif  // SIMDATTN_ATTENTION_H_

@@ -1,0 +1,273 @@
+// Public entry points: validation -> Status, fast-path coverage check, one
+// target choice per call, then the query-block tasks handed to the threads.
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <string>
+
+#include "lib/dispatch.h"
+#include "lib/kernels/kernels.h"
+#include "lib/parallel.h"
+#include "lib/validate.h"
+#include "simdattn/attention.h"
+
+namespace simdattn {
+
+const char* StatusCodeName(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid argument";
+    case StatusCode::kUnimplemented:
+      return "unimplemented";
+    case StatusCode::kInternal:
+      return "internal";
+  }
+  return "unknown";
+}
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kBool:
+      return "bool";
+  }
+  return "unknown";
+}
+
+int64_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 4;
+    case DType::kF16:
+    case DType::kBF16:
+      return 2;
+    case DType::kBool:
+      return 1;
+  }
+  return 1;
+}
+
+namespace {
+
+template <class View, class Ptr>
+View MakeView(Ptr data, DType dtype, int64_t b, int64_t h, int64_t s,
+              int64_t d, bool bshd) {
+  View v;
+  v.data = data;
+  v.dtype = dtype;
+  v.shape[0] = b;
+  v.shape[1] = h;
+  v.shape[2] = s;
+  v.shape[3] = d;
+  v.strides[3] = 1;
+  if (bshd) {
+    v.strides[1] = d;
+    v.strides[2] = h * d;
+    v.strides[0] = s * h * d;
+  } else {
+    v.strides[2] = d;
+    v.strides[1] = s * d;
+    v.strides[0] = h * s * d;
+  }
+  return v;
+}
+
+Status Unimplemented(const std::string& what) {
+  Status s;
+  s.code = StatusCode::kUnimplemented;
+  s.message = what + " is not implemented in the fast path yet";
+  return s;
+}
+
+// Largest head dimension the f32 prefill kernel accepts: its per-thread
+// scratch holds a transposed query block of head_dim x 4 vectors.
+constexpr int64_t kMaxHeadDim = 1024;
+
+// What the fast path covers today; anything else is kUnimplemented.
+Status CheckCovered(const Problem& p, const TensorView& q, const TensorView& k,
+                    const MutableTensorView& o,
+                    const AttentionOptions& options) {
+  if (q.dtype != DType::kF32) {
+    return Unimplemented(std::string("q.dtype = ") + DTypeName(q.dtype));
+  }
+  if (k.dtype != DType::kF32) {
+    return Unimplemented(std::string("k/v dtype = ") + DTypeName(k.dtype));
+  }
+  if (o.dtype != DType::kF32) {
+    return Unimplemented(std::string("o.dtype = ") + DTypeName(o.dtype));
+  }
+  if (p.has_mask) return Unimplemented("an explicit mask");
+  if (options.kv_lengths != nullptr) return Unimplemented("kv_lengths");
+  if (options.window_left >= 0 || options.window_right >= 0) {
+    return Unimplemented("a sliding window");
+  }
+  if (options.softcap > 0.0f) return Unimplemented("softcap");
+  if (options.alibi_slopes != nullptr) return Unimplemented("ALiBi");
+  if (options.sinks != nullptr) return Unimplemented("attention sinks");
+  if (options.dropout_p > 0.0f) return Unimplemented("dropout");
+  if (p.head_dim_qk > kMaxHeadDim || p.head_dim_v > kMaxHeadDim) {
+    return Unimplemented("a head dimension above " +
+                         std::to_string(kMaxHeadDim));
+  }
+  constexpr int64_t kMaxLen = std::numeric_limits<int32_t>::max() - 1;
+  if (p.q_len > kMaxLen || p.kv_len > kMaxLen) {
+    return Unimplemented("a sequence length of 2^31 - 1 or more");
+  }
+  return Status::Ok();
+}
+
+// Per-thread scratch, sized on first use and kept: no allocation per call in
+// steady state.
+struct Scratch {
+  float* data = nullptr;
+  size_t floats = 0;
+  ~Scratch() { std::free(data); }
+
+  float* Get(size_t n) {
+    if (n > floats) {
+      std::free(data);
+      // 256-byte alignment covers every vector size up to SVE-2048.
+      const size_t bytes = (n * sizeof(float) + 255) / 256 * 256;
+      data = static_cast<float*>(std::aligned_alloc(256, bytes));
+      floats = data == nullptr ? 0 : n;
+    }
+    return data;
+  }
+};
+
+thread_local Scratch t_scratch;
+
+struct PrefillJob {
+  const AttentionArgsF32* args;
+  const TargetKernels* kernels;
+  size_t scratch_floats;
+  std::atomic<bool> out_of_memory{false};
+};
+
+void RunPrefillTask(void* arg, int64_t task) {
+  PrefillJob* job = static_cast<PrefillJob*>(arg);
+  float* scratch = t_scratch.Get(job->scratch_floats);
+  if (scratch == nullptr) {
+    job->out_of_memory.store(true);
+    return;
+  }
+  job->kernels->attention_f32(*job->args, task, scratch);
+}
+
+void CopyStrides3(const int64_t* strides, int64_t* out) {
+  out[0] = strides[0];
+  out[1] = strides[1];
+  out[2] = strides[2];
+}
+
+}  // namespace
+
+TensorView MakeBHSD(const void* data, DType dtype, int64_t b, int64_t h,
+                    int64_t s, int64_t d) {
+  return MakeView<TensorView>(data, dtype, b, h, s, d, false);
+}
+MutableTensorView MakeBHSD(void* data, DType dtype, int64_t b, int64_t h,
+                           int64_t s, int64_t d) {
+  return MakeView<MutableTensorView>(data, dtype, b, h, s, d, false);
+}
+TensorView MakeBSHD(const void* data, DType dtype, int64_t b, int64_t h,
+                    int64_t s, int64_t d) {
+  return MakeView<TensorView>(data, dtype, b, h, s, d, true);
+}
+MutableTensorView MakeBSHD(void* data, DType dtype, int64_t b, int64_t h,
+                           int64_t s, int64_t d) {
+  return MakeView<MutableTensorView>(data, dtype, b, h, s, d, true);
+}
+
+Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                 const MutableTensorView& o, const AttentionOptions& options,
+                 const MutableTensorView& lse, const ExecutionOptions& exec,
+                 RunInfo* info) {
+  try {
+    Problem p;
+    Status s = ValidateInputs(q, k, v, options, &p);
+    if (!s.ok()) return s;
+    s = ValidateOutputs(p, q, k, v, options, o, lse);
+    if (!s.ok()) return s;
+    s = CheckCovered(p, q, k, o, options);
+    if (!s.ok()) return s;
+    const TargetEntry* target = nullptr;
+    s = ChooseTarget(&target);
+    if (!s.ok()) return s;
+    const TargetKernels& kernels = *target->kernels;
+
+    AttentionArgsF32 args;
+    args.batch = p.batch;
+    args.q_heads = p.q_heads;
+    args.kv_heads = p.kv_heads;
+    args.group = p.group;
+    args.q_len = p.q_len;
+    args.kv_len = p.kv_len;
+    args.head_dim_qk = p.head_dim_qk;
+    args.head_dim_v = p.head_dim_v;
+    args.q = static_cast<const float*>(q.data);
+    CopyStrides3(q.strides, args.q_strides);
+    args.k = static_cast<const float*>(k.data);
+    CopyStrides3(k.strides, args.k_strides);
+    args.v = static_cast<const float*>(v.data);
+    CopyStrides3(v.strides, args.v_strides);
+    args.o = static_cast<float*>(o.data);
+    CopyStrides3(o.strides, args.o_strides);
+    args.lse = static_cast<float*>(lse.data);
+    CopyStrides3(lse.strides, args.lse_strides);
+    args.scale = p.scale;
+    args.causal = options.causal;
+    args.bottom_right = options.alignment == Alignment::kBottomRight;
+    args.q_block_rows = kernels.query_block_rows();
+    args.num_q_blocks = (p.q_len + args.q_block_rows - 1) / args.q_block_rows;
+
+    PrefillJob job;
+    job.args = &args;
+    job.kernels = &kernels;
+    job.scratch_floats = kernels.scratch_floats(p.head_dim_qk, p.head_dim_v);
+    // The calling thread's scratch first: a failure here writes nothing.
+    if (t_scratch.Get(job.scratch_floats) == nullptr) {
+      Status oom;
+      oom.code = StatusCode::kInternal;
+      oom.message = "out of memory allocating per-thread scratch";
+      return oom;
+    }
+    const int64_t num_tasks = AttentionTaskCount(args);
+    RunTasks(exec, num_tasks, &RunPrefillTask, &job);
+    if (job.out_of_memory.load()) {
+      Status oom;
+      oom.code = StatusCode::kInternal;
+      oom.message =
+          "out of memory allocating a worker thread's scratch; o is partly "
+          "written";
+      return oom;
+    }
+    if (info != nullptr) {
+      info->target = target->name;
+      info->num_tasks = num_tasks;
+    }
+    return Status::Ok();
+  } catch (const std::bad_alloc&) {
+    Status oom;
+    oom.code = StatusCode::kInternal;
+    oom.message = "out of memory";
+    return oom;
+  } catch (...) {
+    Status err;
+    err.code = StatusCode::kInternal;
+    err.message = "unexpected exception";
+    return err;
+  }
+}
+
+}  // namespace simdattn

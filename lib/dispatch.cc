@@ -1,0 +1,161 @@
+// Dispatch table over Highway's compiled targets, target names, and the
+// SetMaxTarget / SIMDATTN_MAX_TARGET cap (like ONEDNN_MAX_CPU_ISA).
+
+#include "lib/dispatch.h"
+
+#include <atomic>
+#include <cctype>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "hwy/highway.h"
+#include "hwy/targets.h"
+
+namespace simdattn {
+namespace {
+
+// Every target name this architecture knows, in Highway's order of
+// preference (its bit order). A cap may name any of them, compiled or not.
+struct KnownTarget {
+  const char* name;
+  int64_t bit;
+};
+
+#if HWY_ARCH_X86
+constexpr KnownTarget kKnown[] = {
+    {"AVX3_DL", HWY_AVX3_DL}, {"AVX3", HWY_AVX3},     {"AVX2", HWY_AVX2},
+    {"SSE4", HWY_SSE4},       {"SSSE3", HWY_SSSE3},   {"EMU128", HWY_EMU128},
+    {"SCALAR", HWY_SCALAR}};
+#elif HWY_ARCH_ARM_A64
+constexpr KnownTarget kKnown[] = {
+    {"SVE2_128", HWY_SVE2_128}, {"SVE_256", HWY_SVE_256}, {"SVE2", HWY_SVE2},
+    {"SVE", HWY_SVE},           {"NEON", HWY_NEON},       {"EMU128", HWY_EMU128},
+    {"SCALAR", HWY_SCALAR}};
+#else
+constexpr KnownTarget kKnown[] = {{"EMU128", HWY_EMU128},
+                                  {"SCALAR", HWY_SCALAR}};
+#endif
+constexpr int kNumKnown = static_cast<int>(sizeof(kKnown) / sizeof(kKnown[0]));
+
+bool EqualsIgnoreCase(const char* a, const char* b) {
+  for (; *a != '\0' && *b != '\0'; ++a, ++b) {
+    if (std::toupper(static_cast<unsigned char>(*a)) !=
+        std::toupper(static_cast<unsigned char>(*b))) {
+      return false;
+    }
+  }
+  return *a == *b;
+}
+
+// Rank of a target name, or -1.
+int RankOf(const char* name) {
+  for (int i = 0; i < kNumKnown; ++i) {
+    if (EqualsIgnoreCase(name, kKnown[i].name)) return i;
+  }
+  return -1;
+}
+
+std::string KnownNames() {
+  std::string s;
+  for (int i = 0; i < kNumKnown; ++i) {
+    if (i) s += ", ";
+    s += kKnown[i].name;
+  }
+  return s;
+}
+
+// Cap set through SetMaxTarget: -1 = none (use the environment).
+std::atomic<int> g_api_cap{-1};
+
+std::vector<TargetEntry> BuildTable() {
+  // SupportedTargets() lists SVE_256 / SVE2_128 only when the vector length
+  // matches. In Highway 1.0.3 it also refreshes the global ChosenTarget
+  // without them; DeInit() makes a host program's own HWY_DYNAMIC_DISPATCH
+  // choose again. Our dispatch never uses ChosenTarget.
+  const int64_t supported = hwy::SupportedTargets();
+  hwy::GetChosenTarget().DeInit();
+  std::vector<TargetEntry> table;
+  for (int i = 0; i < kNumKnown; ++i) {
+    const TargetKernels* kernels = KernelsForTarget(kKnown[i].bit);
+    if (kernels == nullptr) continue;
+    table.push_back({kKnown[i].name, i, (supported & kKnown[i].bit) != 0,
+                     kernels});
+  }
+  return table;
+}
+
+}  // namespace
+
+const std::vector<TargetEntry>& TargetTable() {
+  static const std::vector<TargetEntry> table = BuildTable();
+  return table;
+}
+
+Status ChooseTarget(const TargetEntry** entry) {
+  int cap = g_api_cap.load(std::memory_order_relaxed);
+  if (cap < 0) {
+    const char* env = std::getenv("SIMDATTN_MAX_TARGET");
+    if (env != nullptr && env[0] != '\0') {
+      cap = RankOf(env);
+      if (cap < 0) {
+        Status s;
+        s.code = StatusCode::kInvalidArgument;
+        s.message = std::string("SIMDATTN_MAX_TARGET = '") + env +
+                    "' is not a target of this build; known: " + KnownNames();
+        return s;
+      }
+    }
+  }
+  for (const TargetEntry& e : TargetTable()) {
+    if (e.supported && e.rank >= (cap < 0 ? 0 : cap)) {
+      *entry = &e;
+      return Status::Ok();
+    }
+  }
+  Status s;
+  s.code = StatusCode::kInvalidArgument;
+  s.message = std::string("no compiled target at or below the cap ") +
+              kKnown[cap < 0 ? 0 : cap].name + " runs on this CPU";
+  return s;
+}
+
+std::vector<std::string> AvailableTargets() {
+  std::vector<std::string> out;
+  for (const TargetEntry& e : TargetTable()) {
+    if (e.supported) out.push_back(e.name);
+  }
+  return out;
+}
+
+std::vector<std::string> CompiledTargets() {
+  std::vector<std::string> out;
+  for (const TargetEntry& e : TargetTable()) out.push_back(e.name);
+  return out;
+}
+
+Status SetMaxTarget(const char* name) {
+  if (name == nullptr || name[0] == '\0') {
+    g_api_cap.store(-1);
+    return Status::Ok();
+  }
+  const int rank = RankOf(name);
+  if (rank < 0) {
+    Status s;
+    s.code = StatusCode::kInvalidArgument;
+    s.message = std::string("target '") + name +
+                "' is not a target of this build; known: " + KnownNames();
+    return s;
+  }
+  g_api_cap.store(rank);
+  return Status::Ok();
+}
+
+Status SelectedTarget(std::string* name) {
+  const TargetEntry* e = nullptr;
+  Status s = ChooseTarget(&e);
+  if (s.ok() && name != nullptr) *name = e->name;
+  return s;
+}
+
+}  // namespace simdattn

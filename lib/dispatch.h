@@ -1,0 +1,31 @@
+// The project's dispatch table: every code path compiled in, in order of
+// preference, with its CPU check, its name, and the cap that selects one.
+
+#ifndef SIMDATTN_LIB_DISPATCH_H_
+#define SIMDATTN_LIB_DISPATCH_H_
+
+#include <string>
+#include <vector>
+
+#include "lib/kernels/kernels.h"
+#include "simdattn/attention.h"
+
+namespace simdattn {
+
+struct TargetEntry {
+  const char* name;         // e.g. "AVX3_DL"
+  int rank;                 // 0 = most preferred
+  bool supported;           // this CPU can run it
+  const TargetKernels* kernels;
+};
+
+// Compiled entries, best first (built once).
+const std::vector<TargetEntry>& TargetTable();
+
+// The entry a call runs: the best supported one not ranked above the cap
+// (SetMaxTarget, else the SIMDATTN_MAX_TARGET environment variable).
+Status ChooseTarget(const TargetEntry** entry);
+
+}  // namespace simdattn
+
+#endif  // SIMDATTN_LIB_DISPATCH_H_

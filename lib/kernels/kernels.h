@@ -1,0 +1,61 @@
+// Interface between the target-independent driver (lib/api.cc) and the
+// per-target kernels (lib/kernels/*): plain data and function pointers, no
+// vector types, so it is the same for every Highway target.
+
+#ifndef SIMDATTN_LIB_KERNELS_KERNELS_H_
+#define SIMDATTN_LIB_KERNELS_KERNELS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace simdattn {
+
+// One validated f32 attention call as the fused kernel sees it. Strides are
+// in elements for the (batch, head, sequence) dimensions; the head dimension
+// is contiguous. lse may be null.
+struct AttentionArgsF32 {
+  int64_t batch, q_heads, kv_heads, group, q_len, kv_len;
+  int64_t head_dim_qk, head_dim_v;
+  const float* q;
+  int64_t q_strides[3];
+  const float* k;
+  int64_t k_strides[3];
+  const float* v;
+  int64_t v_strides[3];
+  float* o;
+  int64_t o_strides[3];
+  float* lse;
+  int64_t lse_strides[3];
+  float scale;
+  bool causal;
+  bool bottom_right;
+  // Set by the driver from TargetKernels::query_block_rows.
+  int64_t q_block_rows;
+  int64_t num_q_blocks;
+};
+
+// What one target offers. Every function is sequential: the driver splits
+// work into tasks and hands them to threads.
+struct TargetKernels {
+  // Query rows one prefill task covers (a multiple of the vector length).
+  int64_t (*query_block_rows)();
+  // Floats of per-thread scratch one task needs (aligned by the callee).
+  size_t (*scratch_floats)(int64_t head_dim_qk, int64_t head_dim_v);
+  // Computes query block `task` of AttentionTaskCount() tasks, writing its
+  // rows of O (and LSE). scratch holds scratch_floats() floats, 64-byte aligned.
+  void (*attention_f32)(const AttentionArgsF32& args, int64_t task,
+                        float* scratch);
+};
+
+// Kernels compiled for the Highway target `target_bit` (one bit of
+// HWY_TARGETS), or null if that target is not compiled in.
+const TargetKernels* KernelsForTarget(int64_t target_bit);
+
+// Number of tasks of a prefill call: batch * q_heads * num_q_blocks.
+inline int64_t AttentionTaskCount(const AttentionArgsF32& a) {
+  return a.batch * a.q_heads * a.num_q_blocks;
+}
+
+}  // namespace simdattn
+
+#endif  // SIMDATTN_LIB_KERNELS_KERNELS_H_

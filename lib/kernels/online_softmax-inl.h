@@ -1,0 +1,137 @@
+// Online (streaming) softmax over transposed score tiles, and the causal
+// mask of a diagonal tile: per-target code (include from a foreach_target TU).
+
+#if defined(SIMDATTN_LIB_KERNELS_ONLINE_SOFTMAX_INL_H_) == \
+    defined(HWY_TARGET_TOGGLE)
+#ifdef SIMDATTN_LIB_KERNELS_ONLINE_SOFTMAX_INL_H_
+#undef SIMDATTN_LIB_KERNELS_ONLINE_SOFTMAX_INL_H_
+#else
+#define SIMDATTN_LIB_KERNELS_ONLINE_SOFTMAX_INL_H_
+#endif
+
+#include <cstdint>
+#include <limits>
+
+#include "hwy/highway.h"
+#include "lib/kernels/exp-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace simdattn {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// The recurrence (written once, here). For each query row we keep the running
+// max m and the running sum l of exp(s - m) over the keys seen so far, and an
+// unnormalized output acc = sum exp(s_j - m) v_j. A new tile with scores s_j:
+//   m'    = max(m, max_j s_j)
+//   alpha = exp(m - m')                  rescales the old l and acc
+//   p_j   = exp(s_j - m')
+//   l'    = alpha * l + sum_j p_j
+//   acc'  = alpha * acc + sum_j p_j v_j
+// After the last tile, O = acc / l and LSE = m + log(l).
+// Fully-masked rows: hidden scores are -inf. While a row has seen no visible
+// key its m is -inf; we then subtract 0 instead of m' (m' = -inf would give
+// -inf - -inf = NaN), so every p_j and alpha is exp(-inf) = 0 and l stays 0.
+// A row whose l is 0 at the end has no visible key: O = 0, LSE = -inf.
+// NaN in a score (from NaN/Inf in Q or K) flows into p, l and acc of that row
+// only: every operation here is per lane.
+
+// Hides, in a transposed tile of num_keys rows starting at key kv_begin, the
+// keys a causal query cannot see: key j is visible to query i when
+// j <= i + offset (offset = 0 top-left, Lk - Lq bottom-right). q_begin is the
+// block's first query row. Indices fit int32 (checked by the driver).
+template <class D>
+HWY_INLINE void CausalMaskTile(D d, int64_t q_begin, int64_t kv_begin,
+                               int64_t num_keys, int64_t offset,
+                               float* HWY_RESTRICT st) {
+  const hn::RebindToSigned<D> di;
+  const size_t N = hn::Lanes(d);
+  const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  const auto i0 = hn::Iota(di, static_cast<int32_t>(q_begin));
+  const auto i1 = hn::Add(i0, hn::Set(di, static_cast<int32_t>(N)));
+  const auto i2 = hn::Add(i1, hn::Set(di, static_cast<int32_t>(N)));
+  const auto i3 = hn::Add(i2, hn::Set(di, static_cast<int32_t>(N)));
+  for (int64_t j = 0; j < num_keys; ++j) {
+    // Query i sees key kv_begin + j iff i >= kv_begin + j - offset.
+    int64_t first = kv_begin + j - offset;
+    if (first > std::numeric_limits<int32_t>::max()) {
+      first = std::numeric_limits<int32_t>::max();
+    }
+    if (first < std::numeric_limits<int32_t>::min()) {
+      first = std::numeric_limits<int32_t>::min();
+    }
+    const auto t = hn::Set(di, static_cast<int32_t>(first));
+    float* HWY_RESTRICT row = st + j * 4 * N;
+    hn::Store(hn::IfThenElse(hn::RebindMask(d, hn::Lt(i0, t)), neg_inf,
+                             hn::Load(d, row)), d, row);
+    hn::Store(hn::IfThenElse(hn::RebindMask(d, hn::Lt(i1, t)), neg_inf,
+                             hn::Load(d, row + N)), d, row + N);
+    hn::Store(hn::IfThenElse(hn::RebindMask(d, hn::Lt(i2, t)), neg_inf,
+                             hn::Load(d, row + 2 * N)), d, row + 2 * N);
+    hn::Store(hn::IfThenElse(hn::RebindMask(d, hn::Lt(i3, t)), neg_inf,
+                             hn::Load(d, row + 3 * N)), d, row + 3 * N);
+  }
+}
+
+// One step of the recurrence for the query vector at lane offset `col` of a
+// transposed tile (row stride 4 * Lanes): turns the scores into p_j in place
+// and updates m, l (vectors of this column) and writes alpha.
+template <class D>
+HWY_INLINE void SoftmaxColumn(D d, float* HWY_RESTRICT st, int64_t num_keys,
+                              float* HWY_RESTRICT m, float* HWY_RESTRICT l,
+                              float* HWY_RESTRICT alpha) {
+  const size_t stride = 4 * hn::Lanes(d);
+  const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  // Max over the tile's keys: two chains to halve the dependency length.
+  auto mx0 = neg_inf, mx1 = neg_inf;
+  int64_t j = 0;
+  for (; j + 2 <= num_keys; j += 2) {
+    mx0 = hn::Max(mx0, hn::Load(d, st + j * stride));
+    mx1 = hn::Max(mx1, hn::Load(d, st + (j + 1) * stride));
+  }
+  if (j < num_keys) mx0 = hn::Max(mx0, hn::Load(d, st + j * stride));
+  const auto m_old = hn::Load(d, m);
+  const auto m_new = hn::Max(m_old, hn::Max(mx0, mx1));
+  // -inf rows subtract 0 instead (see the recurrence above).
+  const auto m_sub = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
+  const auto a = ExpNonPositive(d, hn::Sub(m_old, m_sub));
+  auto sum0 = hn::Zero(d), sum1 = hn::Zero(d);
+  for (j = 0; j + 2 <= num_keys; j += 2) {
+    float* r0 = st + j * stride;
+    float* r1 = r0 + stride;
+    const auto p0 = ExpNonPositive(d, hn::Sub(hn::Load(d, r0), m_sub));
+    const auto p1 = ExpNonPositive(d, hn::Sub(hn::Load(d, r1), m_sub));
+    hn::Store(p0, d, r0);
+    hn::Store(p1, d, r1);
+    sum0 = hn::Add(sum0, p0);
+    sum1 = hn::Add(sum1, p1);
+  }
+  if (j < num_keys) {
+    float* r0 = st + j * stride;
+    const auto p0 = ExpNonPositive(d, hn::Sub(hn::Load(d, r0), m_sub));
+    hn::Store(p0, d, r0);
+    sum0 = hn::Add(sum0, p0);
+  }
+  hn::Store(m_new, d, m);
+  hn::Store(hn::MulAdd(hn::Load(d, l), a, hn::Add(sum0, sum1)), d, l);
+  hn::Store(a, d, alpha);
+}
+
+// Applies the recurrence to a whole transposed tile (4 query vectors).
+template <class D>
+HWY_INLINE void SoftmaxTile(D d, float* HWY_RESTRICT st, int64_t num_keys,
+                            float* HWY_RESTRICT m, float* HWY_RESTRICT l,
+                            float* HWY_RESTRICT alpha) {
+  const size_t N = hn::Lanes(d);
+  for (size_t c = 0; c < 4; ++c) {
+    SoftmaxColumn(d, st + c * N, num_keys, m + c * N, l + c * N,
+                  alpha + c * N);
+  }
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace simdattn
+HWY_AFTER_NAMESPACE();
+
+#endif  // SIMDATTN_LIB_KERNELS_ONLINE_SOFTMAX_INL_H_

@@ -1,0 +1,127 @@
+// Persistent worker threads with a shared atomic task counter (dynamic
+// scheduling: tasks of unequal cost, e.g. causal blocks, balance by
+// themselves), and the dispatch to a host engine's parallel-for.
+
+#include "lib/parallel.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace simdattn {
+
+struct ThreadPool::Impl {
+  int num_threads = 1;
+  std::vector<std::thread> workers;
+  std::mutex call_mutex;  // one ParallelFor at a time per pool
+
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::condition_variable done;
+  uint64_t generation = 0;  // bumped per ParallelFor
+  bool stop = false;
+  int busy = 0;             // workers still inside the current generation
+
+  // The current job.
+  void (*task)(void*, int64_t) = nullptr;
+  void* arg = nullptr;
+  int64_t num_tasks = 0;
+  std::atomic<int64_t> next{0};
+
+  void Drain() {
+    for (;;) {
+      const int64_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= num_tasks) return;
+      task(arg, i);
+    }
+  }
+
+  void WorkerLoop() {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        wake.wait(lock, [&] { return stop || generation != seen; });
+        if (stop) return;
+        seen = generation;
+      }
+      Drain();
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (--busy == 0) done.notify_one();
+      }
+    }
+  }
+};
+
+ThreadPool::ThreadPool(int num_threads) : impl_(new Impl) {
+  if (num_threads <= 0) {
+    num_threads = static_cast<int>(std::thread::hardware_concurrency());
+    if (num_threads <= 0) num_threads = 1;
+  }
+  impl_->num_threads = num_threads;
+  impl_->workers.reserve(static_cast<size_t>(num_threads - 1));
+  for (int i = 1; i < num_threads; ++i) {
+    impl_->workers.emplace_back([this] { impl_->WorkerLoop(); });
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->stop = true;
+  }
+  impl_->wake.notify_all();
+  for (std::thread& t : impl_->workers) t.join();
+  delete impl_;
+}
+
+int ThreadPool::num_threads() const { return impl_->num_threads; }
+
+void ThreadPool::ParallelFor(int64_t num_tasks,
+                             void (*task)(void* arg, int64_t i), void* arg) {
+  if (num_tasks <= 0) return;
+  Impl& p = *impl_;
+  std::lock_guard<std::mutex> call_lock(p.call_mutex);
+  if (p.workers.empty() || num_tasks == 1) {
+    for (int64_t i = 0; i < num_tasks; ++i) task(arg, i);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(p.mutex);
+    p.task = task;
+    p.arg = arg;
+    p.num_tasks = num_tasks;
+    p.next.store(0, std::memory_order_relaxed);
+    p.busy = static_cast<int>(p.workers.size());
+    ++p.generation;
+  }
+  p.wake.notify_all();
+  p.Drain();  // the calling thread works too
+  std::unique_lock<std::mutex> lock(p.mutex);
+  p.done.wait(lock, [&] { return p.busy == 0; });
+}
+
+namespace {
+
+ThreadPool& DefaultPool() {
+  static ThreadPool* pool = new ThreadPool(0);  // lives until exit
+  return *pool;
+}
+
+}  // namespace
+
+void RunTasks(const ExecutionOptions& exec, int64_t num_tasks,
+              void (*task)(void* arg, int64_t i), void* arg) {
+  if (exec.parallel_for != nullptr) {
+    exec.parallel_for(exec.parallel_for_user, num_tasks, task, arg);
+  } else if (exec.pool != nullptr) {
+    exec.pool->ParallelFor(num_tasks, task, arg);
+  } else {
+    DefaultPool().ParallelFor(num_tasks, task, arg);
+  }
+}
+
+}  // namespace simdattn

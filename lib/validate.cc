@@ -1,0 +1,342 @@
+// Argument checking for Attention() and the reference (SEMANTICS.md "Bad
+// input"): every error names the argument and the offending value.
+
+#include "lib/validate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+namespace simdattn {
+namespace {
+
+Status Invalid(const std::string& message) {
+  Status s;
+  s.code = StatusCode::kInvalidArgument;
+  s.message = message;
+  return s;
+}
+
+const char* const kDimNames[4][4] = {
+    {"B", "Hq", "Lq", "Dk"},   // q
+    {"B", "Hkv", "Lk", "Dk"},  // k
+    {"B", "Hkv", "Lk", "Dv"},  // v
+    {"B", "Hq", "Lq", "Dv"},   // o
+};
+
+bool IsStorageType(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
+
+bool KnownDType(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 ||
+         t == DType::kBool;
+}
+
+// Byte range [lo, hi) touched by a view; false on int64 overflow.
+struct ByteRange {
+  int64_t lo = 0;
+  int64_t hi = 0;
+};
+
+bool ComputeRange(const void* data, DType dtype, const int64_t* shape,
+                  const int64_t* strides, ByteRange* r) {
+  int64_t min_off = 0, max_off = 0;  // in elements
+  for (int i = 0; i < 4; ++i) {
+    if (shape[i] <= 0) continue;
+    int64_t span;
+    if (__builtin_mul_overflow(shape[i] - 1, strides[i], &span)) return false;
+    if (span < 0) {
+      if (__builtin_add_overflow(min_off, span, &min_off)) return false;
+    } else {
+      if (__builtin_add_overflow(max_off, span, &max_off)) return false;
+    }
+  }
+  const int64_t size = DTypeSize(dtype);
+  int64_t lo_b, hi_b;
+  if (__builtin_mul_overflow(min_off, size, &lo_b)) return false;
+  if (__builtin_mul_overflow(max_off, size, &hi_b)) return false;
+  if (__builtin_add_overflow(hi_b, size, &hi_b)) return false;
+  const int64_t base = static_cast<int64_t>(reinterpret_cast<uintptr_t>(data));
+  if (__builtin_add_overflow(base, lo_b, &r->lo)) return false;
+  if (__builtin_add_overflow(base, hi_b, &r->hi)) return false;
+  return true;
+}
+
+bool Overlap(const ByteRange& a, const ByteRange& b) {
+  return a.lo < b.hi && b.lo < a.hi;
+}
+
+std::string ShapeString(const int64_t* shape) {
+  std::ostringstream os;
+  os << "[" << shape[0] << ", " << shape[1] << ", " << shape[2] << ", "
+     << shape[3] << "]";
+  return os.str();
+}
+
+// Common checks of one Q/K/V/O view: dtype, positive extents, data pointer,
+// unit last stride, no int64 overflow. `which` indexes kDimNames.
+Status CheckView(const char* name, int which, const void* data, DType dtype,
+                 const int64_t* shape, const int64_t* strides,
+                 ByteRange* range) {
+  if (!IsStorageType(dtype)) {
+    return Invalid(std::string(name) + ".dtype = " +
+                   (KnownDType(dtype) ? DTypeName(dtype) : "unknown") +
+                   ": must be f32, f16 or bf16");
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (shape[i] <= 0) {
+      std::ostringstream os;
+      os << name << ".shape[" << i << "] (" << kDimNames[which][i]
+         << ") = " << shape[i] << ": extents must be positive";
+      return Invalid(os.str());
+    }
+  }
+  if (data == nullptr) {
+    return Invalid(std::string(name) + ".data is null with shape " +
+                   ShapeString(shape));
+  }
+  if (strides[3] != 1) {
+    std::ostringstream os;
+    os << name << ".strides[3] = " << strides[3]
+       << ": the last dimension must be contiguous (stride 1)";
+    return Invalid(os.str());
+  }
+  int64_t count = 1;
+  for (int i = 0; i < 4; ++i) {
+    if (__builtin_mul_overflow(count, shape[i], &count)) {
+      return Invalid(std::string(name) + ".shape " + ShapeString(shape) +
+                     ": element count overflows int64");
+    }
+  }
+  if (!ComputeRange(data, dtype, shape, strides, range)) {
+    return Invalid(std::string(name) + ": offsets of shape " +
+                   ShapeString(shape) + " with its strides overflow int64");
+  }
+  return Status::Ok();
+}
+
+// An output must not write one address twice: sorted by |stride|, each
+// dimension's stride must step past everything the inner ones span.
+bool SelfOverlaps(const int64_t* shape, const int64_t* strides) {
+  int idx[4] = {0, 1, 2, 3};
+  std::sort(idx, idx + 4, [&](int a, int b) {
+    return std::llabs(strides[a]) < std::llabs(strides[b]);
+  });
+  int64_t span = 0;  // max element offset covered by the inner dimensions
+  for (int n = 0; n < 4; ++n) {
+    const int i = idx[n];
+    if (shape[i] <= 1) continue;
+    if (std::llabs(strides[i]) <= span) return true;
+    span += std::llabs(strides[i]) * (shape[i] - 1);
+  }
+  return false;
+}
+
+}  // namespace
+
+Status ValidateInputs(const TensorView& q, const TensorView& k,
+                      const TensorView& v, const AttentionOptions& options,
+                      Problem* p) {
+  ByteRange r;
+  Status s = CheckView("q", 0, q.data, q.dtype, q.shape, q.strides, &r);
+  if (!s.ok()) return s;
+  s = CheckView("k", 1, k.data, k.dtype, k.shape, k.strides, &r);
+  if (!s.ok()) return s;
+  s = CheckView("v", 2, v.data, v.dtype, v.shape, v.strides, &r);
+  if (!s.ok()) return s;
+
+  if (k.dtype != v.dtype) {
+    return Invalid(std::string("k.dtype = ") + DTypeName(k.dtype) +
+                   " but v.dtype = " + DTypeName(v.dtype) +
+                   ": K and V must share one storage type");
+  }
+  std::ostringstream os;
+  if (k.shape[0] != q.shape[0] || v.shape[0] != q.shape[0]) {
+    os << "batch mismatch: q.shape[0] = " << q.shape[0]
+       << ", k.shape[0] = " << k.shape[0] << ", v.shape[0] = " << v.shape[0];
+    return Invalid(os.str());
+  }
+  if (v.shape[1] != k.shape[1] || v.shape[2] != k.shape[2]) {
+    os << "k.shape " << ShapeString(k.shape) << " and v.shape "
+       << ShapeString(v.shape) << " must agree in Hkv and Lk";
+    return Invalid(os.str());
+  }
+  if (k.shape[3] != q.shape[3]) {
+    os << "head dim mismatch: q.shape[3] = " << q.shape[3]
+       << " but k.shape[3] = " << k.shape[3];
+    return Invalid(os.str());
+  }
+  if (q.shape[1] % k.shape[1] != 0) {
+    os << "Hq = " << q.shape[1] << " is not a multiple of Hkv = "
+       << k.shape[1];
+    return Invalid(os.str());
+  }
+
+  Problem out;
+  out.batch = q.shape[0];
+  out.q_heads = q.shape[1];
+  out.kv_heads = k.shape[1];
+  out.q_len = q.shape[2];
+  out.kv_len = k.shape[2];
+  out.head_dim_qk = q.shape[3];
+  out.head_dim_v = v.shape[3];
+  out.group = out.q_heads / out.kv_heads;
+
+  if (options.scale.has_value()) {
+    const float sc = *options.scale;
+    if (!std::isfinite(sc) || sc < 0.0f) {
+      os << "scale = " << sc << ": must be finite and >= 0";
+      return Invalid(os.str());
+    }
+    out.scale = sc;
+  } else {
+    out.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(out.head_dim_qk)));
+  }
+  if (!std::isfinite(options.softcap) || options.softcap < 0.0f) {
+    os << "softcap = " << options.softcap << ": must be finite and >= 0";
+    return Invalid(os.str());
+  }
+  if (!(options.dropout_p >= 0.0f && options.dropout_p < 1.0f)) {
+    os << "dropout_p = " << options.dropout_p << ": must be in [0, 1)";
+    return Invalid(os.str());
+  }
+  if (options.alignment != Alignment::kTopLeft &&
+      options.alignment != Alignment::kBottomRight) {
+    os << "alignment = " << static_cast<int>(options.alignment)
+       << ": must be kTopLeft or kBottomRight";
+    return Invalid(os.str());
+  }
+  if (options.kv_lengths != nullptr) {
+    for (int64_t b = 0; b < out.batch; ++b) {
+      const int64_t len = options.kv_lengths[b];
+      if (len < 0 || len > out.kv_len) {
+        os << "kv_lengths[" << b << "] = " << len << ": must be in [0, Lk = "
+           << out.kv_len << "]";
+        return Invalid(os.str());
+      }
+    }
+  }
+
+  const TensorView& m = options.mask;
+  if (m.data != nullptr) {
+    if (m.dtype != DType::kBool && m.dtype != DType::kF32 &&
+        m.dtype != DType::kF16) {
+      os << "mask.dtype = "
+         << (KnownDType(m.dtype) ? DTypeName(m.dtype) : "unknown")
+         << ": must be bool (1 = attend), f32 or f16 (additive)";
+      return Invalid(os.str());
+    }
+    const int64_t full[4] = {out.batch, out.q_heads, out.q_len, out.kv_len};
+    const char* const names[4] = {"B", "Hq", "Lq", "Lk"};
+    int64_t eff_shape[4];
+    for (int i = 0; i < 4; ++i) {
+      if (m.shape[i] != full[i] && m.shape[i] != 1) {
+        os << "mask.shape[" << i << "] = " << m.shape[i]
+           << " cannot broadcast to " << names[i] << " = " << full[i]
+           << " (mask must broadcast to [B, Hq, Lq, Lk] = "
+           << ShapeString(full) << ")";
+        return Invalid(os.str());
+      }
+      out.mask_strides[i] = m.shape[i] == 1 ? 0 : m.strides[i];
+      eff_shape[i] = m.shape[i];
+    }
+    if (!ComputeRange(m.data, m.dtype, eff_shape, out.mask_strides, &r)) {
+      return Invalid("mask: offsets of shape " + ShapeString(m.shape) +
+                     " with its strides overflow int64");
+    }
+    out.has_mask = true;
+  }
+  *p = out;
+  return Status::Ok();
+}
+
+Status ValidateOutputs(const Problem& p, const TensorView& q,
+                       const TensorView& k, const TensorView& v,
+                       const AttentionOptions& options,
+                       const MutableTensorView& o,
+                       const MutableTensorView& lse) {
+  ByteRange ro;
+  Status s = CheckView("o", 3, o.data, o.dtype, o.shape, o.strides, &ro);
+  if (!s.ok()) return s;
+  const int64_t want[4] = {p.batch, p.q_heads, p.q_len, p.head_dim_v};
+  for (int i = 0; i < 4; ++i) {
+    if (o.shape[i] != want[i]) {
+      return Invalid("o.shape " + ShapeString(o.shape) + " must be [B, Hq, Lq, Dv] = " +
+                     ShapeString(want));
+    }
+  }
+  if (SelfOverlaps(o.shape, o.strides)) {
+    return Invalid("o.strides make distinct elements of o share memory");
+  }
+
+  // Every input's byte range, to reject outputs that overlap an input.
+  struct Named {
+    const char* name;
+    ByteRange range;
+  };
+  Named inputs[8];
+  int n = 0;
+  ByteRange r;
+  ComputeRange(q.data, q.dtype, q.shape, q.strides, &r);
+  inputs[n++] = {"q", r};
+  ComputeRange(k.data, k.dtype, k.shape, k.strides, &r);
+  inputs[n++] = {"k", r};
+  ComputeRange(v.data, v.dtype, v.shape, v.strides, &r);
+  inputs[n++] = {"v", r};
+  if (p.has_mask) {
+    const TensorView& m = options.mask;
+    ComputeRange(m.data, m.dtype, m.shape, p.mask_strides, &r);
+    inputs[n++] = {"mask", r};
+  }
+  auto add_array = [&](const char* name, const void* ptr, int64_t bytes) {
+    if (ptr == nullptr) return;
+    const int64_t base = static_cast<int64_t>(reinterpret_cast<uintptr_t>(ptr));
+    inputs[n++] = {name, {base, base + bytes}};
+  };
+  add_array("alibi_slopes", options.alibi_slopes, p.q_heads * 4);
+  add_array("sinks", options.sinks, p.q_heads * 4);
+  add_array("kv_lengths", options.kv_lengths, p.batch * 8);
+
+  for (int i = 0; i < n; ++i) {
+    if (Overlap(ro, inputs[i].range)) {
+      return Invalid(std::string("o overlaps input ") + inputs[i].name +
+                     ": outputs must not alias inputs");
+    }
+  }
+
+  if (lse.data != nullptr) {
+    if (lse.dtype != DType::kF32) {
+      return Invalid(std::string("lse.dtype = ") +
+                     (KnownDType(lse.dtype) ? DTypeName(lse.dtype) : "unknown") +
+                     ": must be f32");
+    }
+    const int64_t want_lse[4] = {p.batch, p.q_heads, p.q_len, 1};
+    for (int i = 0; i < 4; ++i) {
+      if (lse.shape[i] != want_lse[i]) {
+        return Invalid("lse.shape " + ShapeString(lse.shape) +
+                       " must be [B, Hq, Lq, 1] = " + ShapeString(want_lse));
+      }
+    }
+    ByteRange rl;
+    int64_t strides[4] = {lse.strides[0], lse.strides[1], lse.strides[2], 1};
+    if (!ComputeRange(lse.data, lse.dtype, lse.shape, strides, &rl)) {
+      return Invalid("lse: offsets overflow int64");
+    }
+    if (SelfOverlaps(lse.shape, strides)) {
+      return Invalid("lse.strides make distinct elements of lse share memory");
+    }
+    if (Overlap(rl, ro)) return Invalid("lse overlaps o");
+    for (int i = 0; i < n; ++i) {
+      if (Overlap(rl, inputs[i].range)) {
+        return Invalid(std::string("lse overlaps input ") + inputs[i].name +
+                       ": outputs must not alias inputs");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace simdattn

@@ -1,0 +1,39 @@
+// Argument checking shared by Attention() and the reference: turns the
+// public views into a validated Problem or a Status naming the bad argument.
+
+#ifndef SIMDATTN_LIB_VALIDATE_H_
+#define SIMDATTN_LIB_VALIDATE_H_
+
+#include <cstdint>
+
+#include "simdattn/attention.h"
+
+namespace simdattn {
+
+// Extents and options of one validated call.
+struct Problem {
+  int64_t batch = 0, q_heads = 0, kv_heads = 0, q_len = 0, kv_len = 0;
+  int64_t head_dim_qk = 0, head_dim_v = 0;
+  int64_t group = 1;  // q_heads / kv_heads
+  float scale = 1.0f;
+  // Mask strides with broadcast dimensions set to 0 (valid when has_mask).
+  bool has_mask = false;
+  int64_t mask_strides[4] = {0, 0, 0, 0};
+};
+
+// Checks Q, K, V and the options (SEMANTICS.md "Bad input") and fills *p.
+Status ValidateInputs(const TensorView& q, const TensorView& k,
+                      const TensorView& v, const AttentionOptions& options,
+                      Problem* p);
+
+// Checks O and the optional LSE against a validated problem, including that
+// they overlap neither each other nor any input.
+Status ValidateOutputs(const Problem& p, const TensorView& q,
+                       const TensorView& k, const TensorView& v,
+                       const AttentionOptions& options,
+                       const MutableTensorView& o,
+                       const MutableTensorView& lse);
+
+}  // namespace simdattn
+
+#endif  // SIMDATTN_LIB_VALIDATE_H_

@@ -1,0 +1,452 @@
+// The fused f32 fast path against the double-precision reference, on every
+// target this CPU supports (each case loops over AvailableTargets()).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "lib/reference.h"
+#include "simdattn/attention.h"
+#include "tests/test_util.h"
+
+namespace simdattn {
+namespace test {
+namespace {
+
+constexpr double kLseBound = 1e-4;  // SEMANTICS.md, f32 Q and K
+
+struct Case {
+  int64_t batch = 1, q_heads = 1, kv_heads = 1, q_len = 1, kv_len = 1;
+  int64_t dk = 8, dv = 8;
+  Layout layout = Layout::kBHSD;
+  int64_t pad = 0;
+  int64_t offset = 0;
+  AttentionOptions options;
+  bool lse = true;
+};
+
+std::string Describe(const Case& c) {
+  std::string s = "B" + std::to_string(c.batch) + " Hq" +
+                   std::to_string(c.q_heads) + " Hkv" +
+                   std::to_string(c.kv_heads) + " Lq" +
+                   std::to_string(c.q_len) + " Lk" + std::to_string(c.kv_len) +
+                   " Dk" + std::to_string(c.dk) + " Dv" + std::to_string(c.dv) +
+                   (c.layout == Layout::kBSHD ? " bshd" : " bhsd") + " pad" +
+                   std::to_string(c.pad);
+  if (c.options.causal) {
+    s += c.options.alignment == Alignment::kBottomRight ? " causal-br"
+                                                        : " causal-tl";
+  }
+  return s;
+}
+
+struct Inputs {
+  Tensor q, k, v;
+};
+
+Inputs MakeInputs(const Case& c, uint32_t seed, float lo = -1.0f,
+                  float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  Inputs in;
+  in.q = Tensor(DType::kF32, c.batch, c.q_heads, c.q_len, c.dk, c.layout,
+                c.pad, c.offset);
+  in.k = Tensor(DType::kF32, c.batch, c.kv_heads, c.kv_len, c.dk, c.layout,
+                c.pad, c.offset);
+  in.v = Tensor(DType::kF32, c.batch, c.kv_heads, c.kv_len, c.dv, c.layout,
+                c.pad, c.offset);
+  in.q.FillUniform(&rng, lo, hi);
+  in.k.FillUniform(&rng, lo, hi);
+  in.v.FillUniform(&rng, lo, hi);
+  return in;
+}
+
+struct Outputs {
+  Tensor o;
+  std::vector<float> lse;  // dense [B, Hq, Lq]
+  RunInfo info;
+  Status status;
+};
+
+// Runs the fast path on `target` with a fresh, sentinel-filled output.
+Outputs RunFast(const Case& c, const Inputs& in, const std::string& target,
+                const ExecutionOptions& exec = {}) {
+  Outputs out;
+  out.o = Tensor(DType::kF32, c.batch, c.q_heads, c.q_len, c.dv, c.layout,
+                 c.pad, c.offset);
+  out.o.FillBytes(0xA5);
+  MutableTensorView lse_view;
+  if (c.lse) {
+    out.lse.assign(static_cast<size_t>(c.batch * c.q_heads * c.q_len), 12345.0f);
+    lse_view = MakeBHSD(out.lse.data(), DType::kF32, c.batch, c.q_heads,
+                        c.q_len, 1);
+  }
+  ScopedTarget cap(target);
+  out.status = Attention(in.q.View(), in.k.View(), in.v.View(),
+                         out.o.MutableView(), c.options, lse_view, exec,
+                         &out.info);
+  if (out.status.ok()) RecordTargetRun(out.info.target);
+  return out;
+}
+
+// Checks the padding of o still holds the sentinel (nothing written outside
+// the logical elements).
+void ExpectPaddingUntouched(const Tensor& o) {
+  std::vector<bool> logical(o.bytes.size(), false);
+  for (int64_t a = 0; a < o.shape[0]; ++a)
+    for (int64_t b = 0; b < o.shape[1]; ++b)
+      for (int64_t s = 0; s < o.shape[2]; ++s)
+        for (int64_t d = 0; d < o.shape[3]; ++d)
+          for (int i = 0; i < 4; ++i) logical[o.Index(a, b, s, d) * 4 + i] = true;
+  size_t bad = 0;
+  for (size_t i = 0; i < o.bytes.size(); ++i) {
+    if (!logical[i] && o.bytes[i] != 0xA5) ++bad;
+  }
+  EXPECT_EQ(bad, 0u) << "bytes outside the logical output were written";
+}
+
+// Compares the fast path on every available target with the reference.
+void CheckAllTargets(const Case& c, const Inputs& in) {
+  SCOPED_TRACE(Describe(c));
+  std::vector<double> o_ref, lse_ref;
+  const Status rs = ReferenceAttention(in.q.View(), in.k.View(), in.v.View(),
+                                       c.options, &o_ref, &lse_ref);
+  ASSERT_TRUE(rs.ok()) << rs.message;
+  const double max_v = MaxAbs(in.v);
+  for (const std::string& target : AvailableTargets()) {
+    SCOPED_TRACE("target " + target);
+    const Outputs out = RunFast(c, in, target);
+    ASSERT_TRUE(out.status.ok()) << out.status.message;
+    EXPECT_EQ(std::string(out.info.target), target);
+    EXPECT_LE(MaxError(out.o, o_ref, max_v), OutputBound(DType::kF32));
+    ExpectPaddingUntouched(out.o);
+    if (c.lse) {
+      double lse_err = 0.0;
+      for (size_t i = 0; i < lse_ref.size(); ++i) {
+        if (std::isinf(lse_ref[i])) {
+          EXPECT_EQ(out.lse[i], static_cast<float>(lse_ref[i])) << "row " << i;
+          continue;
+        }
+        const double e = std::fabs(out.lse[i] - lse_ref[i]);
+        if (!(e <= lse_err)) lse_err = std::isnan(e) ? INFINITY : e;
+      }
+      EXPECT_LE(lse_err, kLseBound);
+    }
+  }
+}
+
+TEST(AttentionTest, WorkedExample) {
+  // Logits 0 and ln 3 give weights 1/4 and 3/4 over values [2, 0] and [0, 4].
+  Case c;
+  c.q_len = 1;
+  c.kv_len = 2;
+  c.dk = 1;
+  c.dv = 2;
+  c.options.scale = 1.0f;
+  Inputs in = MakeInputs(c, 1);
+  in.q.Set(0, 0, 0, 0, 1.0f);
+  in.k.Set(0, 0, 0, 0, 0.0f);
+  in.k.Set(0, 0, 1, 0, std::log(3.0f));
+  in.v.Set(0, 0, 0, 0, 2.0f);
+  in.v.Set(0, 0, 0, 1, 0.0f);
+  in.v.Set(0, 0, 1, 0, 0.0f);
+  in.v.Set(0, 0, 1, 1, 4.0f);
+  for (const std::string& target : AvailableTargets()) {
+    SCOPED_TRACE(target);
+    const Outputs out = RunFast(c, in, target);
+    ASSERT_TRUE(out.status.ok()) << out.status.message;
+    EXPECT_NEAR(out.o.Get(0, 0, 0, 0), 0.5f, 2e-5 * 4);
+    EXPECT_NEAR(out.o.Get(0, 0, 0, 1), 3.0f, 2e-5 * 4);
+    EXPECT_NEAR(out.lse[0], std::log(4.0), kLseBound);
+  }
+  CheckAllTargets(c, in);
+}
+
+// Lq x Lk over {1, 2, 7, 16, 17, 63, 64, 65, 129, 1000} with the head dims
+// {1, 8, ..., 576} assigned in rotation; pairs whose reference cost exceeds
+// the budget are left out (quick mode, under qemu, keeps the cheap half).
+TEST(AttentionTest, SweepLengthsAndHeadDims) {
+  const int64_t lens[] = {1, 2, 7, 16, 17, 63, 64, 65, 129, 1000};
+  const int64_t dims[] = {1, 8, 40, 64, 72, 80, 96, 128, 192, 256, 576};
+  const int64_t budget = QuickMode() ? 200000 : 6000000;
+  int n = 0, run = 0;
+  for (int64_t lq : lens) {
+    for (int64_t lk : lens) {
+      const int64_t d = dims[n % 11];
+      ++n;
+      if (lq * lk * d > budget) continue;
+      Case c;
+      c.q_len = lq;
+      c.kv_len = lk;
+      c.dk = d;
+      c.dv = d;
+      // Every third pair causal, alternating the alignment.
+      if (n % 3 == 0) {
+        c.options.causal = true;
+        c.options.alignment = (n % 2) ? Alignment::kBottomRight
+                                      : Alignment::kTopLeft;
+      }
+      CheckAllTargets(c, MakeInputs(c, 100 + n));
+      ++run;
+    }
+  }
+  EXPECT_GE(run, QuickMode() ? 30 : 60);
+}
+
+TEST(AttentionTest, EveryHeadDimAgainstTileEdges) {
+  // Lengths around the 4-vector query block and the 64-key tile.
+  const int64_t dims[] = {1, 8, 40, 64, 72, 80, 96, 128, 192, 256, 576};
+  const int64_t lq_quick = 17, lk_quick = 65;
+  int n = 0;
+  for (int64_t d : dims) {
+    Case c;
+    c.q_len = QuickMode() ? lq_quick : 67;
+    c.kv_len = QuickMode() ? lk_quick : 129;
+    c.dk = d;
+    c.dv = d;
+    CheckAllTargets(c, MakeInputs(c, 300 + n++));
+  }
+}
+
+TEST(AttentionTest, DifferentQkAndVHeadDims) {
+  const int64_t pairs[][2] = {{192, 128}, {576, 512}, {8, 3}, {3, 40}, {64, 1}};
+  int n = 0;
+  for (const auto& p : pairs) {
+    Case c;
+    c.q_len = 19;
+    c.kv_len = 70;
+    c.dk = p[0];
+    c.dv = p[1];
+    CheckAllTargets(c, MakeInputs(c, 400 + n++));
+  }
+}
+
+TEST(AttentionTest, GroupedQueryHeads) {
+  for (int64_t kv_heads : {8, 2, 1}) {  // groups 1, 4, 8
+    Case c;
+    c.batch = 2;
+    c.q_heads = 8;
+    c.kv_heads = kv_heads;
+    c.q_len = 9;
+    c.kv_len = 33;
+    c.dk = 16;
+    c.dv = 24;
+    CheckAllTargets(c, MakeInputs(c, 500 + static_cast<uint32_t>(kv_heads)));
+  }
+}
+
+TEST(AttentionTest, LayoutsPaddedStridesAndMisalignedBase) {
+  int n = 0;
+  for (Layout layout : {Layout::kBHSD, Layout::kBSHD}) {
+    for (int64_t pad : {0, 3}) {
+      Case c;
+      c.batch = 2;
+      c.q_heads = 4;
+      c.kv_heads = 2;
+      c.q_len = 21;
+      c.kv_len = 66;
+      c.dk = 40;
+      c.dv = 72;
+      c.layout = layout;
+      c.pad = pad;
+      c.offset = pad;  // base one float off vector alignment when padded
+      c.options.causal = (n % 2) == 1;
+      CheckAllTargets(c, MakeInputs(c, 600 + n++));
+    }
+  }
+}
+
+TEST(AttentionTest, CausalBothAlignmentsWithUnequalLengths) {
+  const int64_t shapes[][2] = {{5, 70}, {70, 5}, {64, 129}, {129, 64}, {1, 1000}, {33, 33}};
+  int n = 0;
+  for (const auto& s : shapes) {
+    for (Alignment a : {Alignment::kTopLeft, Alignment::kBottomRight}) {
+      Case c;
+      c.q_heads = 2;
+      c.q_len = s[0];
+      c.kv_len = s[1];
+      c.dk = 32;
+      c.dv = 32;
+      c.options.causal = true;
+      c.options.alignment = a;
+      CheckAllTargets(c, MakeInputs(c, 700 + n++));
+    }
+  }
+}
+
+TEST(AttentionTest, FullyHiddenRowsGiveZerosAndMinusInfLse) {
+  // Bottom-right with Lq > Lk: query i sees keys j <= i - (Lq - Lk), so the
+  // first Lq - Lk rows see nothing.
+  Case c;
+  c.q_len = 40;
+  c.kv_len = 10;
+  c.dk = 8;
+  c.dv = 8;
+  c.options.causal = true;
+  c.options.alignment = Alignment::kBottomRight;
+  const Inputs in = MakeInputs(c, 800);
+  for (const std::string& target : AvailableTargets()) {
+    SCOPED_TRACE(target);
+    const Outputs out = RunFast(c, in, target);
+    ASSERT_TRUE(out.status.ok()) << out.status.message;
+    for (int64_t i = 0; i < 30; ++i) {
+      for (int64_t d = 0; d < 8; ++d) EXPECT_EQ(out.o.Get(0, 0, i, d), 0.0f);
+      EXPECT_EQ(out.lse[i], -std::numeric_limits<float>::infinity());
+    }
+    for (int64_t i = 30; i < 40; ++i) EXPECT_TRUE(std::isfinite(out.lse[i]));
+  }
+  CheckAllTargets(c, in);
+}
+
+TEST(AttentionTest, LargeLogitsNeedMaxSubtraction) {
+  // Small integers make every product and sum exact in f32, so the logits
+  // (up to about +-100) carry no rounding error and the bound stays strict;
+  // exp(100) would overflow f32 without the max subtraction.
+  Case c;
+  c.q_heads = 2;
+  c.q_len = 37;
+  c.kv_len = 80;
+  c.dk = 4;
+  c.dv = 16;
+  c.options.scale = 1.0f;
+  Inputs in = MakeInputs(c, 900);
+  std::mt19937 rng(901);
+  std::uniform_int_distribution<int> small(-5, 5);
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < 37; ++i)
+      for (int64_t d = 0; d < 4; ++d) in.q.Set(0, h, i, d, float(small(rng)));
+  for (int64_t j = 0; j < 80; ++j)
+    for (int64_t d = 0; d < 4; ++d) in.k.Set(0, 0, j, d, float(small(rng)));
+  for (int sign : {1, -1}) {
+    // Put the whole row far from zero: +-100 on every logit plus the spread.
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t i = 0; i < 37; ++i) in.q.Set(0, h, i, 3, 20.0f * sign);
+    for (int64_t j = 0; j < 80; ++j) in.k.Set(0, 0, j, 3, 5.0f);
+    CheckAllTargets(c, in);
+  }
+}
+
+TEST(AttentionTest, NanInKeyRowPropagatesOnlyToRowsThatSeeIt) {
+  Case c;
+  c.q_len = 20;
+  c.kv_len = 20;
+  c.dk = 8;
+  c.dv = 8;
+  c.options.causal = true;  // rows i < 12 never see key 12
+  Inputs in = MakeInputs(c, 1000);
+  in.k.Set(0, 0, 12, 3, std::numeric_limits<float>::quiet_NaN());
+  for (const std::string& target : AvailableTargets()) {
+    SCOPED_TRACE(target);
+    const Outputs out = RunFast(c, in, target);
+    ASSERT_TRUE(out.status.ok()) << out.status.message;
+    for (int64_t i = 0; i < 20; ++i) {
+      for (int64_t d = 0; d < 8; ++d) {
+        if (i < 12) {
+          EXPECT_TRUE(std::isfinite(out.o.Get(0, 0, i, d))) << i;
+        } else {
+          EXPECT_TRUE(std::isnan(out.o.Get(0, 0, i, d))) << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionTest, InfInValueRowStaysInItsRows) {
+  Case c;
+  c.q_len = 8;
+  c.kv_len = 8;
+  c.dk = 4;
+  c.dv = 4;
+  c.options.causal = true;
+  Inputs in = MakeInputs(c, 1100);
+  in.v.Set(0, 0, 5, 2, std::numeric_limits<float>::infinity());
+  for (const std::string& target : AvailableTargets()) {
+    SCOPED_TRACE(target);
+    const Outputs out = RunFast(c, in, target);
+    ASSERT_TRUE(out.status.ok()) << out.status.message;
+    for (int64_t i = 0; i < 8; ++i) {
+      const float x = out.o.Get(0, 0, i, 2);
+      if (i < 5) {
+        EXPECT_TRUE(std::isfinite(x)) << i;
+      } else {
+        EXPECT_TRUE(std::isinf(x)) << i;
+      }
+      EXPECT_TRUE(std::isfinite(out.o.Get(0, 0, i, 1))) << i;
+    }
+  }
+}
+
+// A host engine's parallel-for: runs the tasks in reverse on its own threads.
+void ReverseParallelFor(void* user, int64_t num_tasks,
+                        void (*task)(void*, int64_t), void* arg) {
+  int* calls = static_cast<int*>(user);
+  ++*calls;
+  std::thread t([&] {
+    for (int64_t i = num_tasks - 1; i >= 0; i -= 2) task(arg, i);
+  });
+  for (int64_t i = num_tasks - 2; i >= 0; i -= 2) task(arg, i);
+  t.join();
+}
+
+TEST(AttentionTest, BitIdenticalForAnyThreadCount) {
+  Case c;
+  c.batch = 2;
+  c.q_heads = 4;
+  c.kv_heads = 2;
+  c.q_len = QuickMode() ? 70 : 150;
+  c.kv_len = QuickMode() ? 90 : 300;
+  c.dk = 64;
+  c.dv = 64;
+  c.options.causal = true;
+  const Inputs in = MakeInputs(c, 1200);
+  ThreadPool pool1(1), pool2(2), pool3(3);
+  for (const std::string& target : AvailableTargets()) {
+    SCOPED_TRACE(target);
+    ExecutionOptions e1, e2, e3, ehost;
+    e1.pool = &pool1;
+    e2.pool = &pool2;
+    e3.pool = &pool3;
+    int calls = 0;
+    ehost.parallel_for = &ReverseParallelFor;
+    ehost.parallel_for_user = &calls;
+    const Outputs o1 = RunFast(c, in, target, e1);
+    const Outputs o2 = RunFast(c, in, target, e2);
+    const Outputs o3 = RunFast(c, in, target, e3);
+    const Outputs oh = RunFast(c, in, target, ehost);
+    ASSERT_TRUE(o1.status.ok() && o2.status.ok() && o3.status.ok() &&
+                oh.status.ok());
+    EXPECT_EQ(calls, 1);
+    EXPECT_GT(o1.info.num_tasks, 3);
+    EXPECT_EQ(o1.o.bytes, o2.o.bytes);
+    EXPECT_EQ(o1.o.bytes, o3.o.bytes);
+    EXPECT_EQ(o1.o.bytes, oh.o.bytes);
+    EXPECT_EQ(o1.lse, o2.lse);
+    EXPECT_EQ(o1.lse, o3.lse);
+    EXPECT_EQ(o1.lse, oh.lse);
+  }
+}
+
+TEST(AttentionTest, DefaultScaleIsInverseSqrtHeadDim) {
+  Case c;
+  c.q_len = 5;
+  c.kv_len = 9;
+  c.dk = 48;
+  c.dv = 8;
+  const Inputs in = MakeInputs(c, 1300, -3.0f, 3.0f);
+  CheckAllTargets(c, in);
+  c.options.scale = 0.0f;  // uniform weights: O is the mean of V
+  CheckAllTargets(c, in);
+  c.options.scale = 0.7f;
+  CheckAllTargets(c, in);
+}
+
+}  // namespace
+}  // namespace test
+}  // namespace simdattn

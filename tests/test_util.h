@@ -1,0 +1,74 @@
+// Shared test helpers: random tensors in any layout, comparison against the
+// double-precision reference, the error bounds of SEMANTICS.md, and the record
+// of which targets actually ran.
+
+#ifndef SIMDATTN_TESTS_TEST_UTIL_H_
+#define SIMDATTN_TESTS_TEST_UTIL_H_
+
+#include <cstdint>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "simdattn/attention.h"
+
+namespace simdattn {
+namespace test {
+
+// True when SIMDATTN_TEST_QUICK is set (under qemu): sweeps use fewer shapes.
+bool QuickMode();
+
+// Called with RunInfo::target after every successful fast-path call.
+void RecordTargetRun(const std::string& target);
+std::set<std::string> TargetsRun();
+
+// Sets the target cap for its lifetime (SetMaxTarget), restoring "no cap".
+class ScopedTarget {
+ public:
+  explicit ScopedTarget(const std::string& name);
+  ~ScopedTarget();
+};
+
+enum class Layout { kBHSD, kBSHD };
+
+// Owns the bytes of one 4-D tensor in a given dtype, layout and padding.
+// Logical shape is [b, h, s, d]; `pad` extra elements are added to the row
+// stride (d) and `pad` rows to the head/sequence strides so that no view is
+// dense.
+struct Tensor {
+  std::vector<uint8_t> bytes;
+  DType dtype = DType::kF32;
+  int64_t shape[4] = {0, 0, 0, 0};
+  int64_t strides[4] = {0, 0, 0, 0};
+  int64_t offset = 0;  // first element index inside bytes (misaligned base)
+
+  Tensor() = default;
+  Tensor(DType dtype, int64_t b, int64_t h, int64_t s, int64_t d,
+         Layout layout = Layout::kBHSD, int64_t pad = 0, int64_t offset = 0);
+
+  int64_t Index(int64_t i0, int64_t i1, int64_t i2, int64_t i3) const;
+  float Get(int64_t i0, int64_t i1, int64_t i2, int64_t i3) const;
+  // Stores x rounded to the dtype.
+  void Set(int64_t i0, int64_t i1, int64_t i2, int64_t i3, float x);
+  // Fills every logical element with uniform values in [lo, hi).
+  void FillUniform(std::mt19937* rng, float lo, float hi);
+  // Fills the padding (non-logical bytes) with a sentinel pattern.
+  void FillBytes(uint8_t value);
+
+  TensorView View() const;
+  MutableTensorView MutableView();
+};
+
+// max|O - O_ref| / max(1, max|V|) over all logical elements of o.
+double MaxError(const Tensor& o, const std::vector<double>& o_ref,
+                double max_abs_v);
+double MaxAbs(const Tensor& t);
+
+// SEMANTICS.md bounds for the narrowest storage type.
+double OutputBound(DType narrowest);
+
+}  // namespace test
+}  // namespace simdattn
+
+#endif  // SIMDATTN_TESTS_TEST_UTIL_H_

@@ -1,0 +1,273 @@
+// Bad input (SEMANTICS.md): every invalid call returns its error with a
+// message naming the argument, and leaves the output untouched; target caps.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "simdattn/attention.h"
+#include "tests/test_util.h"
+
+namespace simdattn {
+namespace test {
+namespace {
+
+// A valid GQA call (B2 Hq4 Hkv2 Lq5 Lk7 Dk8 Dv6) that each test breaks once.
+struct Call {
+  std::vector<float> q, k, v, o, lse;
+  TensorView qv, kv, vv;
+  MutableTensorView ov, lsev;
+  AttentionOptions options;
+  float mask_data[64] = {};
+  int64_t kv_lengths[2] = {7, 7};
+  float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+
+  Call() {
+    q.assign(2 * 4 * 5 * 8, 0.25f);
+    k.assign(2 * 2 * 7 * 8, 0.5f);
+    v.assign(2 * 2 * 7 * 6, 1.0f);
+    o.assign(2 * 4 * 5 * 6, -7.0f);
+    lse.assign(2 * 4 * 5, -9.0f);
+    qv = MakeBHSD(q.data(), DType::kF32, 2, 4, 5, 8);
+    kv = MakeBHSD(k.data(), DType::kF32, 2, 2, 7, 8);
+    vv = MakeBHSD(v.data(), DType::kF32, 2, 2, 7, 6);
+    ov = MakeBHSD(o.data(), DType::kF32, 2, 4, 5, 6);
+    lsev = MakeBHSD(lse.data(), DType::kF32, 2, 4, 5, 1);
+  }
+
+  Status Run() { return Attention(qv, kv, vv, ov, options, lsev); }
+
+  bool OutputsUntouched() const {
+    for (float x : o) if (x != -7.0f) return false;
+    for (float x : lse) if (x != -9.0f) return false;
+    return true;
+  }
+};
+
+void ExpectInvalid(Call& c, const std::string& needle) {
+  const Status s = c.Run();
+  EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
+  EXPECT_NE(s.message.find(needle), std::string::npos)
+      << "message '" << s.message << "' should mention '" << needle << "'";
+  EXPECT_TRUE(c.OutputsUntouched());
+}
+
+TEST(ValidateTest, ValidCallSucceeds) {
+  Call c;
+  const Status s = c.Run();
+  ASSERT_TRUE(s.ok()) << s.message;
+  EXPECT_FALSE(c.OutputsUntouched());
+  EXPECT_NEAR(c.o[0], 1.0f, 1e-6);  // V is all ones
+}
+
+TEST(ValidateTest, NullPointers) {
+  { Call c; c.qv.data = nullptr; ExpectInvalid(c, "q.data is null"); }
+  { Call c; c.kv.data = nullptr; ExpectInvalid(c, "k.data is null"); }
+  { Call c; c.vv.data = nullptr; ExpectInvalid(c, "v.data is null"); }
+  { Call c; c.ov.data = nullptr; ExpectInvalid(c, "o.data is null"); }
+}
+
+TEST(ValidateTest, NonPositiveExtents) {
+  { Call c; c.qv.shape[2] = 0; ExpectInvalid(c, "q.shape[2] (Lq) = 0"); }
+  { Call c; c.kv.shape[3] = -1; ExpectInvalid(c, "k.shape[3] (Dk) = -1"); }
+  { Call c; c.vv.shape[1] = 0; ExpectInvalid(c, "v.shape[1] (Hkv) = 0"); }
+  { Call c; c.ov.shape[0] = 0; ExpectInvalid(c, "o.shape[0] (B) = 0"); }
+}
+
+TEST(ValidateTest, MismatchedExtents) {
+  { Call c; c.kv.shape[0] = 1; ExpectInvalid(c, "batch mismatch"); }
+  { Call c; c.kv.shape[3] = 4; ExpectInvalid(c, "head dim mismatch"); }
+  { Call c; c.vv.shape[2] = 6; ExpectInvalid(c, "must agree in Hkv and Lk"); }
+  { Call c; c.ov.shape[3] = 5; ExpectInvalid(c, "o.shape"); }
+  { Call c; c.ov.shape[2] = 4; ExpectInvalid(c, "o.shape"); }
+  {
+    Call c;  // Hq = 4, Hkv = 3
+    c.kv.shape[1] = 3;
+    c.vv.shape[1] = 3;
+    ExpectInvalid(c, "Hq = 4 is not a multiple of Hkv = 3");
+  }
+}
+
+TEST(ValidateTest, NonUnitLastStride) {
+  Call c;
+  c.kv.strides[3] = 2;
+  ExpectInvalid(c, "k.strides[3] = 2");
+}
+
+TEST(ValidateTest, OverflowingExtentsAndOffsets) {
+  {
+    Call c;
+    c.qv.shape[0] = int64_t{1} << 40;
+    c.qv.shape[2] = int64_t{1} << 40;
+    ExpectInvalid(c, "overflows int64");
+  }
+  {
+    Call c;
+    c.vv.strides[1] = std::numeric_limits<int64_t>::max() / 2;
+    ExpectInvalid(c, "overflow int64");
+  }
+}
+
+TEST(ValidateTest, OutputOverlappingInput) {
+  {
+    Call c;
+    c.ov.data = c.q.data();  // o over q
+    ExpectInvalid(c, "o overlaps input q");
+    // q was the "output": make sure it is unchanged too.
+    for (float x : c.q) EXPECT_EQ(x, 0.25f);
+  }
+  {
+    Call c;
+    c.lsev.data = c.v.data() + 3;
+    ExpectInvalid(c, "lse overlaps input v");
+  }
+  {
+    Call c;
+    c.lsev.data = c.o.data() + 10;
+    const Status s = c.Run();
+    EXPECT_EQ(s.code, StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message.find("lse overlaps o"), std::string::npos) << s.message;
+  }
+  {
+    Call c;  // o rows written twice through a zero head stride
+    c.ov.strides[1] = 0;
+    ExpectInvalid(c, "share memory");
+  }
+}
+
+TEST(ValidateTest, UnsupportedDtypes) {
+  { Call c; c.qv.dtype = DType::kBool; ExpectInvalid(c, "q.dtype = bool"); }
+  { Call c; c.kv.dtype = static_cast<DType>(42); ExpectInvalid(c, "k.dtype = unknown"); }
+  {
+    Call c;  // K and V must share one type
+    c.kv.dtype = DType::kBF16;
+    ExpectInvalid(c, "must share one storage type");
+  }
+  { Call c; c.lsev.dtype = DType::kF16; ExpectInvalid(c, "lse.dtype = f16"); }
+}
+
+TEST(ValidateTest, BadScaleSoftcapDropout) {
+  { Call c; c.options.scale = -1.0f; ExpectInvalid(c, "scale = -1"); }
+  { Call c; c.options.scale = std::numeric_limits<float>::infinity(); ExpectInvalid(c, "scale = inf"); }
+  { Call c; c.options.scale = std::nanf(""); ExpectInvalid(c, "scale = nan"); }
+  { Call c; c.options.softcap = -2.0f; ExpectInvalid(c, "softcap = -2"); }
+  { Call c; c.options.softcap = std::nanf(""); ExpectInvalid(c, "softcap = nan"); }
+  { Call c; c.options.dropout_p = 1.0f; ExpectInvalid(c, "dropout_p = 1"); }
+  { Call c; c.options.dropout_p = -0.1f; ExpectInvalid(c, "dropout_p = -0.1"); }
+  { Call c; c.options.dropout_p = std::nanf(""); ExpectInvalid(c, "dropout_p = nan"); }
+}
+
+TEST(ValidateTest, MaskThatCannotBroadcast) {
+  Call c;
+  c.options.mask = MakeBHSD(c.mask_data, DType::kF32, 1, 1, 5, 6);  // Lk = 7
+  ExpectInvalid(c, "mask.shape[3] = 6 cannot broadcast to Lk = 7");
+  Call c2;
+  c2.options.mask = MakeBHSD(c2.mask_data, DType::kBF16, 1, 1, 1, 7);
+  ExpectInvalid(c2, "mask.dtype = bf16");
+}
+
+TEST(ValidateTest, KvLengthsOutOfRange) {
+  Call c;
+  c.kv_lengths[1] = 8;
+  c.options.kv_lengths = c.kv_lengths;
+  ExpectInvalid(c, "kv_lengths[1] = 8");
+  Call c2;
+  c2.kv_lengths[0] = -1;
+  c2.options.kv_lengths = c2.kv_lengths;
+  ExpectInvalid(c2, "kv_lengths[0] = -1");
+}
+
+TEST(ValidateTest, LseShape) {
+  Call c;
+  c.lsev.shape[2] = 4;
+  ExpectInvalid(c, "lse.shape");
+}
+
+TEST(ValidateTest, UnimplementedOptionsWriteNothing) {
+  std::vector<std::string> names;
+  for (int which = 0; which < 7; ++which) {
+    Call c;
+    switch (which) {
+      case 0: c.options.mask = MakeBHSD(c.mask_data, DType::kF32, 1, 1, 1, 7); break;
+      case 1: c.options.kv_lengths = c.kv_lengths; break;
+      case 2: c.options.window_left = 2; break;
+      case 3: c.options.softcap = 30.0f; break;
+      case 4: c.options.alibi_slopes = c.slopes; break;
+      case 5: c.options.sinks = c.slopes; break;
+      case 6: c.options.dropout_p = 0.1f; break;
+    }
+    const Status s = c.Run();
+    EXPECT_EQ(s.code, StatusCode::kUnimplemented) << which << ": " << s.message;
+    EXPECT_FALSE(s.message.empty());
+    EXPECT_TRUE(c.OutputsUntouched()) << which;
+  }
+}
+
+TEST(ValidateTest, ValidationComesBeforeUnimplemented) {
+  Call c;
+  c.options.sinks = c.slopes;   // unimplemented
+  c.options.scale = -3.0f;      // and invalid
+  ExpectInvalid(c, "scale = -3");
+}
+
+TEST(TargetTest, CapLandsOnEachTarget) {
+  for (const std::string& target : AvailableTargets()) {
+    ASSERT_TRUE(SetMaxTarget(target.c_str()).ok());
+    std::string selected;
+    ASSERT_TRUE(SelectedTarget(&selected).ok());
+    EXPECT_EQ(selected, target);
+    Call c;
+    RunInfo info;
+    ASSERT_TRUE(Attention(c.qv, c.kv, c.vv, c.ov, c.options, c.lsev, {}, &info).ok());
+    EXPECT_EQ(std::string(info.target), target);
+    RecordTargetRun(info.target);
+  }
+  SetMaxTarget(nullptr);
+}
+
+TEST(TargetTest, EnvironmentVariableCapsAndBadNamesFail) {
+  const std::vector<std::string> avail = AvailableTargets();
+  ASSERT_FALSE(avail.empty());
+  SetMaxTarget(nullptr);
+  ASSERT_EQ(setenv("SIMDATTN_MAX_TARGET", avail.back().c_str(), 1), 0);
+  std::string selected;
+  ASSERT_TRUE(SelectedTarget(&selected).ok());
+  EXPECT_EQ(selected, avail.back());
+  // The API cap overrides the environment.
+  ASSERT_TRUE(SetMaxTarget(avail.front().c_str()).ok());
+  ASSERT_TRUE(SelectedTarget(&selected).ok());
+  EXPECT_EQ(selected, avail.front());
+  SetMaxTarget(nullptr);
+
+  ASSERT_EQ(setenv("SIMDATTN_MAX_TARGET", "NOT_A_TARGET", 1), 0);
+  Call c;
+  const Status s = c.Run();
+  EXPECT_EQ(s.code, StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message.find("NOT_A_TARGET"), std::string::npos);
+  EXPECT_TRUE(c.OutputsUntouched());
+  unsetenv("SIMDATTN_MAX_TARGET");
+
+  const Status bad = SetMaxTarget("AVX9000");
+  EXPECT_EQ(bad.code, StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message.find("AVX9000"), std::string::npos);
+  ASSERT_TRUE(SelectedTarget(&selected).ok());
+  EXPECT_EQ(selected, avail.front());  // unchanged, no cap
+}
+
+TEST(TargetTest, CompiledTargetsIncludeAvailableOnes) {
+  const std::vector<std::string> compiled = CompiledTargets();
+  for (const std::string& t : AvailableTargets()) {
+    EXPECT_NE(std::find(compiled.begin(), compiled.end(), t), compiled.end()) << t;
+  }
+  EXPECT_EQ(compiled.back(), "SCALAR");
+}
+
+}  // namespace
+}  // namespace test
+}  // namespace simdattn
