@@ -9,4 +9,6 @@ set(CMAKE_CXX_COMPILER aarch64-linux-gnu-g++)
 set(CMAKE_LIBRARY_ARCHITECTURE aarch64-linux-gnu)
 set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 set(ENV{PKG_CONFIG_LIBDIR} /usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig)
-set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64;-L;/usr/aarch64-linux-gnu)
+# No -L /usr/aarch64-linux-gnu: that loader mixed with the multiarch libraries
+# in /lib/aarch64-linux-gnu deadlocks at the first thread creation (qemu 7.2).
+set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64)
