@@ -17,6 +17,9 @@ int main(int argc, char** argv) {
 
   const std::set<std::string> ran = simdattn::test::TargetsRun();
   std::string line = "targets run:";
+  if (const char* cpu = std::getenv("QEMU_CPU")) {
+    line = std::string("targets run (QEMU_CPU=") + cpu + "):";
+  }
   for (const std::string& t : simdattn::AvailableTargets()) {
     if (ran.count(t)) line += " " + t;
   }

@@ -1,0 +1,34 @@
+# Shared by tools/test.sh and tools/bench.sh: package installation (Debian 12).
+
+# Runs a command as root (directly, or through sudo).
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# Installs the given Debian packages that are not installed yet.
+ensure_packages() {
+  local missing=()
+  for pkg in "$@"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$pkg")
+    fi
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "== installing: ${missing[*]}"
+    as_root apt-get update -q
+    # --no-install-recommends: qemu-user recommends qemu-user-binfmt, which
+    # conflicts with qemu-user-static.
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+}
+
+# Enables arm64 packages next to the native ones (Debian multiarch).
+ensure_arm64_arch() {
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    as_root dpkg --add-architecture arm64
+    as_root apt-get update -q
+  fi
+}
+
+NATIVE_PACKAGES=(g++ cmake ninja-build pkg-config libhwy-dev libgtest-dev
+                 libbenchmark-dev libcli11-dev)

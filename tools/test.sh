@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds simdattn for x86-64 and aarch64, and runs
+# every test: natively on each x86 target this CPU has, and under qemu-user
+# for NEON, SVE (512, 256 bit) and SVE2 (128, 256, 512 bit).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source tools/common.sh
+
+JOBS=${JOBS:-$(nproc)}
+ensure_packages "${NATIVE_PACKAGES[@]}"
+ensure_arm64_arch
+ensure_packages g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:arm64
+
+# The x86 targets this CPU can run, from its own flags (not from Highway), so
+# a target the library fails to detect or run is a test failure.
+flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+has() { for f in "$@"; do [[ $flags == *" $f "* ]] || return 1; done; }
+expect=""
+has avx512f avx512vl avx512dq avx512bw avx512_vnni avx512_vbmi avx512_vbmi2 \
+    vaes vpclmulqdq avx512_bitalg avx512_vpopcntdq && expect+=" AVX3_DL"
+has avx512f avx512vl avx512dq avx512bw && expect+=" AVX3"
+has avx2 bmi1 bmi2 fma f16c && expect+=" AVX2"
+has sse4_1 sse4_2 pclmulqdq aes && expect+=" SSE4"
+has ssse3 && expect+=" SSSE3"
+expect+=" SCALAR"
+echo "== x86 targets this CPU must run:$expect"
+
+echo "== x86-64 build"
+cmake -S . -B build/x86 -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DSIMDATTN_EXPECT_TARGETS="${expect# }" -DSIMDATTN_BUILD_BENCH=OFF
+cmake --build build/x86 -j "$JOBS"
+
+echo "== aarch64 build"
+cmake -S . -B build/arm64 -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
+      -DSIMDATTN_BUILD_TOOLS=OFF -DSIMDATTN_BUILD_BENCH=OFF
+cmake --build build/arm64 -j "$JOBS"
+
+status=0
+echo "== x86-64 tests"
+ctest --test-dir build/x86 --output-on-failure -j "$JOBS" || status=1
+grep -h "targets run" build/x86/Testing/Temporary/LastTest.log || status=1
+
+echo "== aarch64 tests (qemu-user)"
+ctest --test-dir build/arm64 --output-on-failure -j "$JOBS" || status=1
+grep -h "targets run" build/arm64/Testing/Temporary/LastTest.log || status=1
+
+echo "== installed package: find_package(simdattn) and pkg-config"
+rm -rf build/prefix build/consumer
+cmake --install build/x86 --prefix "$PWD/build/prefix" > /dev/null
+cmake -S tests/package -B build/consumer -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/prefix" > /dev/null
+cmake --build build/consumer > /dev/null
+if build/consumer/consumer && \
+   PKG_CONFIG_PATH="$PWD/build/prefix/lib/pkgconfig" \
+   g++ -std=c++17 tests/package/consumer.cc -o build/consumer/consumer_pc \
+       $(PKG_CONFIG_PATH="$PWD/build/prefix/lib/pkgconfig" pkg-config --cflags --libs --static simdattn) && \
+   build/consumer/consumer_pc; then
+  echo "package: 2 passed, 0 failed"
+else
+  echo "package: 0 passed, 1 failed"
+  status=1
+fi
+
+if [ $status -ne 0 ]; then echo "== FAILED"; else echo "== all tests passed"; fi
+exit $status
