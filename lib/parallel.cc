@@ -31,12 +31,20 @@ struct ThreadPool::Impl {
   std::atomic<int64_t> next{0};
 
   void Drain() {
+    const Impl* outer = t_running;
+    t_running = this;
     for (;;) {
       const int64_t i = next.fetch_add(1, std::memory_order_relaxed);
-      if (i >= num_tasks) return;
+      if (i >= num_tasks) break;
       task(arg, i);
     }
+    t_running = outer;
   }
+
+  // The pool whose task this thread is running, if any: a ParallelFor on the
+  // same pool from inside one of its tasks runs inline instead of waiting
+  // for workers that are busy with the outer call (which would deadlock).
+  static thread_local const Impl* t_running;
 
   void WorkerLoop() {
     uint64_t seen = 0;
@@ -56,16 +64,23 @@ struct ThreadPool::Impl {
   }
 };
 
+thread_local const ThreadPool::Impl* ThreadPool::Impl::t_running = nullptr;
+
 ThreadPool::ThreadPool(int num_threads) : impl_(new Impl) {
   if (num_threads <= 0) {
     num_threads = static_cast<int>(std::thread::hardware_concurrency());
     if (num_threads <= 0) num_threads = 1;
   }
-  impl_->num_threads = num_threads;
-  impl_->workers.reserve(static_cast<size_t>(num_threads - 1));
-  for (int i = 1; i < num_threads; ++i) {
-    impl_->workers.emplace_back([this] { impl_->WorkerLoop(); });
+  // Never throws: when the system refuses a thread (or memory), the pool
+  // keeps the workers it got; num_threads() reports the real count.
+  try {
+    impl_->workers.reserve(static_cast<size_t>(num_threads - 1));
+    for (int i = 1; i < num_threads; ++i) {
+      impl_->workers.emplace_back([this] { impl_->WorkerLoop(); });
+    }
+  } catch (...) {
   }
+  impl_->num_threads = static_cast<int>(impl_->workers.size()) + 1;
 }
 
 ThreadPool::~ThreadPool() {
@@ -82,11 +97,18 @@ int ThreadPool::num_threads() const { return impl_->num_threads; }
 
 void ThreadPool::ParallelFor(int64_t num_tasks,
                              void (*task)(void* arg, int64_t i), void* arg) {
-  if (num_tasks <= 0) return;
+  if (num_tasks <= 0 || task == nullptr) return;
   Impl& p = *impl_;
+  if (Impl::t_running == &p) {  // nested call from one of our own tasks
+    for (int64_t i = 0; i < num_tasks; ++i) task(arg, i);
+    return;
+  }
   std::lock_guard<std::mutex> call_lock(p.call_mutex);
   if (p.workers.empty() || num_tasks == 1) {
+    const Impl* outer = Impl::t_running;
+    Impl::t_running = &p;
     for (int64_t i = 0; i < num_tasks; ++i) task(arg, i);
+    Impl::t_running = outer;
     return;
   }
   {

@@ -118,21 +118,32 @@ Status CheckView(const char* name, int which, const void* data, DType dtype,
   return Status::Ok();
 }
 
+// |x| without overflow for INT64_MIN.
+uint64_t Magnitude(int64_t x) {
+  return x < 0 ? 0 - static_cast<uint64_t>(x) : static_cast<uint64_t>(x);
+}
+
 // An output must not write one address twice: sorted by |stride|, each
-// dimension's stride must step past everything the inner ones span.
+// dimension's stride must step past everything the inner ones span. Called
+// after ComputeRange succeeded, so the spans fit in int64.
 bool SelfOverlaps(const int64_t* shape, const int64_t* strides) {
   int idx[4] = {0, 1, 2, 3};
   std::sort(idx, idx + 4, [&](int a, int b) {
-    return std::llabs(strides[a]) < std::llabs(strides[b]);
+    return Magnitude(strides[a]) < Magnitude(strides[b]);
   });
-  int64_t span = 0;  // max element offset covered by the inner dimensions
+  uint64_t span = 0;  // max element offset covered by the inner dimensions
   for (int n = 0; n < 4; ++n) {
     const int i = idx[n];
     if (shape[i] <= 1) continue;
-    if (std::llabs(strides[i]) <= span) return true;
-    span += std::llabs(strides[i]) * (shape[i] - 1);
+    if (Magnitude(strides[i]) <= span) return true;
+    span += Magnitude(strides[i]) * static_cast<uint64_t>(shape[i] - 1);
   }
   return false;
+}
+
+// True when a view's extents are all zero (the "absent" optional view).
+bool AllZero(const int64_t* shape) {
+  return shape[0] == 0 && shape[1] == 0 && shape[2] == 0 && shape[3] == 0;
 }
 
 }  // namespace
@@ -221,6 +232,10 @@ Status ValidateInputs(const TensorView& q, const TensorView& k,
   }
 
   const TensorView& m = options.mask;
+  if (m.data == nullptr && !AllZero(m.shape)) {
+    return Invalid("mask.data is null with shape " + ShapeString(m.shape) +
+                   " (leave every extent 0 for no mask)");
+  }
   if (m.data != nullptr) {
     if (m.dtype != DType::kBool && m.dtype != DType::kF32 &&
         m.dtype != DType::kF16) {
@@ -242,6 +257,12 @@ Status ValidateInputs(const TensorView& q, const TensorView& k,
       }
       out.mask_strides[i] = m.shape[i] == 1 ? 0 : m.strides[i];
       eff_shape[i] = m.shape[i];
+    }
+    if (out.mask_strides[3] != 0 && out.mask_strides[3] != 1) {
+      os << "mask.strides[3] = " << m.strides[3]
+         << ": the last dimension must be contiguous (stride 1) or broadcast "
+            "(stride 0 or extent 1)";
+      return Invalid(os.str());
     }
     if (!ComputeRange(m.data, m.dtype, eff_shape, out.mask_strides, &r)) {
       return Invalid("mask: offsets of shape " + ShapeString(m.shape) +
@@ -307,6 +328,10 @@ Status ValidateOutputs(const Problem& p, const TensorView& q,
     }
   }
 
+  if (lse.data == nullptr && !AllZero(lse.shape)) {
+    return Invalid("lse.data is null with shape " + ShapeString(lse.shape) +
+                   " (leave every extent 0 for no LSE)");
+  }
   if (lse.data != nullptr) {
     if (lse.dtype != DType::kF32) {
       return Invalid(std::string("lse.dtype = ") +

@@ -133,6 +133,7 @@ TEST(ValidateTest, OutputOverlappingInput) {
     const Status s = c.Run();
     EXPECT_EQ(s.code, StatusCode::kInvalidArgument);
     EXPECT_NE(s.message.find("lse overlaps o"), std::string::npos) << s.message;
+    for (float x : c.o) EXPECT_EQ(x, -7.0f);
   }
   {
     Call c;  // o rows written twice through a zero head stride
@@ -170,6 +171,31 @@ TEST(ValidateTest, MaskThatCannotBroadcast) {
   Call c2;
   c2.options.mask = MakeBHSD(c2.mask_data, DType::kBF16, 1, 1, 1, 7);
   ExpectInvalid(c2, "mask.dtype = bf16");
+}
+
+TEST(ValidateTest, MaskLastStrideAndNullViews) {
+  {
+    Call c;  // rows of 7 keys read every other float
+    c.options.mask = MakeBHSD(c.mask_data, DType::kF32, 1, 1, 1, 7);
+    c.options.mask.strides[3] = 2;
+    ExpectInvalid(c, "mask.strides[3] = 2");
+  }
+  {
+    Call c;
+    c.options.mask = MakeBHSD(static_cast<const void*>(nullptr), DType::kF32, 1, 1, 1, 7);
+    ExpectInvalid(c, "mask.data is null");
+  }
+  {
+    Call c;
+    c.lsev.data = nullptr;  // extents still [2, 4, 5, 1]
+    ExpectInvalid(c, "lse.data is null");
+  }
+  {
+    Call c;  // a broadcast Lk (stride 0) is fine: it is only unimplemented
+    c.options.mask = MakeBHSD(c.mask_data, DType::kF32, 1, 1, 1, 7);
+    c.options.mask.strides[3] = 0;
+    EXPECT_EQ(c.Run().code, StatusCode::kUnimplemented);
+  }
 }
 
 TEST(ValidateTest, KvLengthsOutOfRange) {

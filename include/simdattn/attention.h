@@ -123,7 +123,9 @@ struct AttentionOptions {
   const float* sinks = nullptr;
   // Optional mask, logically [B, Hq, Lq, Lk]: kBool (1 = attend) or additive
   // kF32/kF16. Each extent equals the full one or is 1 (broadcast; its stride
-  // is then ignored); stride 0 also broadcasts. data == nullptr = no mask.
+  // is then ignored); stride 0 also broadcasts. The last stride is 1 (or 0 to
+  // broadcast along Lk). Default (null data, all extents 0) = no mask; null
+  // data with non-zero extents is an error.
   TensorView mask;
   // B valid key counts in [0, Lk]; keys j >= kv_lengths[b] are hidden.
   // nullptr = all Lk keys valid.
@@ -138,8 +140,11 @@ struct AttentionOptions {
 
 // A pool of persistent worker threads. The calling thread takes part in the
 // work, so a pool of N threads starts N - 1 workers. Results are bit-identical
-// for any thread count. One pool serves one call at a time; concurrent calls
-// on the same pool are serialized.
+// for any thread count. One pool serves one call at a time: concurrent calls
+// from different threads are serialized, and a call made from inside one of
+// the pool's own tasks runs its tasks inline on that thread. Never throws: if
+// the system refuses some threads, the pool runs with the ones it got
+// (num_threads() says how many).
 class SIMDATTN_API ThreadPool {
  public:
   // num_threads <= 0: std::thread::hardware_concurrency().
@@ -151,7 +156,8 @@ class SIMDATTN_API ThreadPool {
   int num_threads() const;
 
   // Runs task(arg, i) for every i in [0, num_tasks) and returns when all have
-  // finished. Tasks run in any order on any of the pool's threads.
+  // finished. Tasks run in any order on any of the pool's threads; a null
+  // task or num_tasks <= 0 does nothing.
   void ParallelFor(int64_t num_tasks, void (*task)(void* arg, int64_t i),
                    void* arg);
 
@@ -170,6 +176,9 @@ using ParallelForFn = void (*)(void* user, int64_t num_tasks,
 
 // How a call runs. Priority: parallel_for, then pool, then a process-wide
 // default pool with hardware_concurrency() threads, created on first use.
+// Every thread that runs a task keeps a scratch buffer (a few hundred KiB,
+// sized for the largest head dimension it has seen) for its lifetime, so that
+// steady-state calls allocate nothing.
 struct ExecutionOptions {
   ThreadPool* pool = nullptr;
   ParallelForFn parallel_for = nullptr;
@@ -186,6 +195,9 @@ struct RunInfo {
 
 // Computes O = softmax(scale * Q Kᵀ + options) V and, when lse.data is not
 // null, LSE = log-sum-exp of each row's scores (f32, shape [B, Hq, Lq, 1]).
+// The default lse ({}: null data, all extents 0) asks for no LSE.
+// Scores are computed in f32: inputs whose dot products overflow f32 (|q·k|
+// above ~3e38) give Inf/NaN rows where the double reference would not.
 //
 // Returns:
 //   kOk              O (and LSE) written.
@@ -193,7 +205,10 @@ struct RunInfo {
 //                    names it. Nothing is written.
 //   kUnimplemented   valid, but the fast path does not cover this option or
 //                    dtype yet. Nothing is written.
-//   kInternal        out of memory. Nothing is written.
+//   kInternal        out of memory. Nothing is written, except when a
+//                    worker thread (not the caller) fails to allocate its
+//                    scratch mid-call: then O may be partly written and the
+//                    message says so.
 // Never throws, aborts or prints.
 SIMDATTN_API Status Attention(const TensorView& q, const TensorView& k,
                               const TensorView& v, const MutableTensorView& o,

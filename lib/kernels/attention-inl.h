@@ -75,7 +75,7 @@ inline size_t ScratchFloatsImpl(int64_t head_dim_qk, int64_t head_dim_v) {
 }
 
 // Contract: args validated by the driver (f32, unit stride along the head
-// dims, q_len/kv_len < 2^31 - 1, head dims >= 1); scratch 64-byte aligned with
+// dims, q_len/kv_len < 2^31 - 1, head dims >= 1); scratch 256-byte aligned with
 // ScratchFloatsImpl() floats. Writes rows [q_begin, q_begin + rows) of one
 // (batch, head) of O and LSE and nothing else.
 inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,

@@ -42,7 +42,7 @@ struct TargetKernels {
   // Floats of per-thread scratch one task needs (aligned by the callee).
   size_t (*scratch_floats)(int64_t head_dim_qk, int64_t head_dim_v);
   // Computes query block `task` of AttentionTaskCount() tasks, writing its
-  // rows of O (and LSE). scratch holds scratch_floats() floats, 64-byte aligned.
+  // rows of O (and LSE). scratch holds scratch_floats() floats, 256-byte aligned.
   void (*attention_f32)(const AttentionArgsF32& args, int64_t task,
                         float* scratch);
 };
