@@ -19,7 +19,15 @@
 #include <string>
 #include <vector>
 
+#include "bench/onednn_attention.h"
+#include "bench/roofline.h"
+#include "lib/reference.h"
 #include "simdattn/attention.h"
+
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <cstring>
 
 namespace {
 
@@ -157,6 +165,116 @@ void BenchNaive(benchmark::State& state, const Shape& s, bool causal) {
   SetCounters(state, s, causal);
 }
 
+void BenchOneDnn(benchmark::State& state, const Shape& s, bool causal,
+                 int threads) {
+  Problem p(s);
+  simdattn::bench::OneDnnAttention attn(s.batch, s.q_heads, s.kv_heads, s.q_len,
+                                        s.kv_len, s.head_dim, causal, p.q.data(),
+                                        p.k.data(), p.v.data(), p.o.data());
+  if (!attn.error().empty()) {
+    state.SkipWithError(attn.error().c_str());
+    return;
+  }
+  for (auto _ : state) {
+    attn.Run(threads);
+    benchmark::DoNotOptimize(p.o.data());
+  }
+  state.SetLabel(attn.implementations());
+  SetCounters(state, s, causal);
+}
+
+// Register-resident FMAs on every thread of the pool: the f32 peak.
+void BenchFmaPeak(benchmark::State& state, int threads) {
+  simdattn::ThreadPool pool(threads);
+  constexpr int64_t kIterations = 4 << 20;
+  std::vector<float> sinks(size_t(threads) * 16);
+  struct Job {
+    float* sinks;
+    double flops[64];
+  } job{sinks.data(), {}};
+  double flops = 0.0;
+  for (auto _ : state) {
+    pool.ParallelFor(threads, [](void* arg, int64_t i) {
+      Job* j = static_cast<Job*>(arg);
+      j->flops[i] = simdattn::bench::FmaPeakLoop(kIterations, j->sinks + i * 16);
+    }, &job);
+    for (int t = 0; t < threads; ++t) flops += job.flops[t];
+  }
+  benchmark::DoNotOptimize(sinks.data());
+  state.SetLabel(simdattn::bench::RooflineTarget());
+  state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsRate);
+}
+
+// Streaming read of 1 GiB, split evenly over the pool's threads. The buffer
+// is allocated, advised to huge pages and touched once, outside the loop.
+void BenchReadBandwidth(benchmark::State& state, int threads) {
+  constexpr size_t kBytes = size_t{1} << 30;
+  static float* buffer = [] {
+    void* p = nullptr;
+    if (posix_memalign(&p, size_t{2} << 20, kBytes) != 0) return (float*)nullptr;
+    madvise(p, kBytes, MADV_HUGEPAGE);
+    std::memset(p, 0, kBytes);
+    return static_cast<float*>(p);
+  }();
+  if (buffer == nullptr) {
+    state.SkipWithError("cannot allocate 1 GiB");
+    return;
+  }
+  simdattn::ThreadPool pool(threads);
+  struct Job {
+    const float* data;
+    size_t per_thread;
+    float sums[64];
+  } job{buffer, kBytes / sizeof(float) / size_t(threads), {}};
+  for (auto _ : state) {
+    pool.ParallelFor(threads, [](void* arg, int64_t i) {
+      Job* j = static_cast<Job*>(arg);
+      j->sums[i] = simdattn::bench::StreamRead(j->data + size_t(i) * j->per_thread,
+                                               j->per_thread);
+    }, &job);
+    benchmark::DoNotOptimize(job.sums);
+  }
+  state.counters["bytes"] = benchmark::Counter(
+      double(kBytes) * double(state.iterations()), benchmark::Counter::kIsRate);
+}
+
+// Checks simdattn and oneDNN against the double-precision reference.
+bool Verify(const Shape& s, bool causal) {
+  Problem p(s);
+  simdattn::AttentionOptions options;
+  options.causal = causal;
+  const auto q = simdattn::MakeBHSD(p.q.data(), simdattn::DType::kF32, s.batch,
+                                    s.q_heads, s.q_len, s.head_dim);
+  const auto k = simdattn::MakeBHSD(p.k.data(), simdattn::DType::kF32, s.batch,
+                                    s.kv_heads, s.kv_len, s.head_dim);
+  const auto v = simdattn::MakeBHSD(p.v.data(), simdattn::DType::kF32, s.batch,
+                                    s.kv_heads, s.kv_len, s.head_dim);
+  std::vector<double> ref;
+  if (!simdattn::ReferenceAttention(q, k, v, options, &ref, nullptr).ok()) return false;
+  auto max_err = [&](const std::vector<float>& o) {
+    double e = 0.0;
+    for (size_t i = 0; i < o.size(); ++i) {
+      const double d = std::fabs(o[i] - ref[i]);
+      if (!(d <= e)) e = std::isnan(d) ? INFINITY : d;
+    }
+    return e;  // max|V| <= 1, so this is SEMANTICS.md's err
+  };
+  const auto o = simdattn::MakeBHSD(p.o.data(), simdattn::DType::kF32, s.batch,
+                                    s.q_heads, s.q_len, s.head_dim);
+  const simdattn::Status st = simdattn::Attention(q, k, v, o, options);
+  const double e_simd = st.ok() ? max_err(p.o) : INFINITY;
+  simdattn::bench::OneDnnAttention dnn(s.batch, s.q_heads, s.kv_heads, s.q_len,
+                                       s.kv_len, s.head_dim, causal, p.q.data(),
+                                       p.k.data(), p.v.data(), p.o.data());
+  dnn.Run(1);
+  const double e_dnn = max_err(p.o);
+  const bool ok = e_simd <= 2e-5 && e_dnn <= 2e-5;
+  std::printf("verify %s/%s: simdattn err %.2e, onednn err %.2e (bound 2e-5) %s\n",
+              s.Name().c_str(), causal ? "causal" : "none", e_simd, e_dnn,
+              ok ? "ok" : "FAILED");
+  return ok;
+}
+
 // Keeps the median of each entry for the summary table.
 class SummaryReporter : public benchmark::ConsoleReporter {
  public:
@@ -166,6 +284,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       const bool median = r.aggregate_name == "median";
       if (r.run_type == Run::RT_Aggregate && !median) continue;
       auto it = r.counters.find("FLOPS");
+      if (it == r.counters.end()) it = r.counters.find("bytes");
       if (it == r.counters.end() || r.error_occurred) continue;
       // Without repetitions the single run stands for the median.
       std::string name = r.run_name.str();
@@ -176,28 +295,48 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   }
 
   void PrintSummary() const {
-    std::printf("\n%-10s %-52s %-8s %10s %10s\n", "impl", "shape/mask/threads",
-                "target", "GFLOP/s", "vs naive");
+    std::printf("\n%-9s %-44s %-7s %9s %9s %9s %9s\n", "impl",
+                "shape/mask/threads", "target", "GFLOP/s", "%peak",
+                "vs oneDNN", "vs naive");
     for (const auto& [name, m] : medians_) {
       // name = attention/<impl>/<dtype>/<shape>/<mask>/threads:<n>
+      if (name.rfind("attention/", 0) != 0) continue;
       const size_t a = name.find('/') + 1, b = name.find('/', a);
       const std::string impl = name.substr(a, b - a);
       const size_t c = name.find('/', b + 1);
       const std::string rest = name.substr(c + 1);
-      std::string speedup = "";
-      if (impl == "simdattn") {
-        std::string naive = name;
-        naive.replace(a, b - a, "naive");
-        naive = naive.substr(0, naive.rfind("/threads:")) + "/threads:1";
-        auto it = medians_.find(naive);
-        if (it != medians_.end()) {
-          char buf[32];
-          std::snprintf(buf, sizeof(buf), "%.1fx", m.flops / it->second.flops);
-          speedup = buf;
-        }
+      const std::string threads = name.substr(name.rfind("/threads:") + 9);
+      auto ratio = [&](const std::string& other) -> std::string {
+        auto it = medians_.find(other);
+        if (it == medians_.end() || it->second.flops <= 0) return "";
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%.2fx", m.flops / it->second.flops);
+        return buf;
+      };
+      auto with_impl = [&](const std::string& other) {
+        std::string n = name;
+        n.replace(a, b - a, other);
+        return n;
+      };
+      std::string peak;
+      auto roof = medians_.find("roofline/fma_f32/threads:" + threads);
+      if (roof != medians_.end()) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%.0f%%", 100.0 * m.flops / roof->second.flops);
+        peak = buf;
       }
-      std::printf("%-10s %-52s %-8s %10.1f %10s\n", impl.c_str(), rest.c_str(),
-                  m.label.c_str(), m.flops * 1e-9, speedup.c_str());
+      const std::string vs_dnn = impl == "simdattn" ? ratio(with_impl("onednn")) : "";
+      std::string naive = with_impl("naive");
+      naive = naive.substr(0, naive.rfind("/threads:")) + "/threads:1";
+      const std::string vs_naive = impl == "simdattn" ? ratio(naive) : "";
+      const std::string label = impl == "simdattn" ? m.label : "";
+      std::printf("%-9s %-44s %-7s %9.1f %9s %9s %9s\n", impl.c_str(),
+                  rest.c_str(), label.c_str(), m.flops * 1e-9, peak.c_str(),
+                  vs_dnn.c_str(), vs_naive.c_str());
+    }
+    for (const auto& [name, m] : medians_) {
+      if (name.rfind("roofline/", 0) != 0) continue;
+      std::printf("%-54s %9.1f G/s\n", name.c_str(), m.flops * 1e-9);
     }
   }
 
@@ -212,31 +351,61 @@ class SummaryReporter : public benchmark::ConsoleReporter {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bool verify = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--verify") == 0) {
+      verify = true;
+      for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
+      --argc;
+      break;
+    }
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+
+  for (int threads : {1, 2}) {
+    const std::string t = "/threads:" + std::to_string(threads);
+    benchmark::RegisterBenchmark(("roofline/fma_f32" + t).c_str(),
+                                 [threads](benchmark::State& st) { BenchFmaPeak(st, threads); })
+        ->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("roofline/read_bw" + t).c_str(),
+                                 [threads](benchmark::State& st) { BenchReadBandwidth(st, threads); })
+        ->UseRealTime()->Unit(benchmark::kMillisecond);
+  }
 
   const Shape shapes[] = {{1, 8, 8, 512, 512, 64},   {1, 8, 8, 2048, 2048, 64},
                           {1, 8, 8, 2048, 2048, 128}, {4, 16, 16, 256, 256, 64},
                           {1, 32, 8, 1024, 1024, 128}};
+  bool verified = true;
   for (const Shape& s : shapes) {
     for (bool causal : {false, true}) {
+      if (verify) verified = Verify(s, causal) && verified;
       const std::string mask = causal ? "causal" : "none";
+      const std::string base = "f32/" + s.Name() + "/" + mask;
       for (int threads : {1, 2}) {
-        benchmark::RegisterBenchmark(
-            ("attention/simdattn/f32/" + s.Name() + "/" + mask +
-             "/threads:" + std::to_string(threads)).c_str(),
-            [s, causal, threads](benchmark::State& st) {
-              BenchSimdattn(st, s, causal, threads);
-            })
-            ->UseRealTime()
-            ->Unit(benchmark::kMillisecond);
+        const std::string t = "/threads:" + std::to_string(threads);
+        benchmark::RegisterBenchmark(("attention/simdattn/" + base + t).c_str(),
+                                     [s, causal, threads](benchmark::State& st) {
+                                       BenchSimdattn(st, s, causal, threads);
+                                     })
+            ->UseRealTime()->Unit(benchmark::kMillisecond);
+        benchmark::RegisterBenchmark(("attention/onednn/" + base + t).c_str(),
+                                     [s, causal, threads](benchmark::State& st) {
+                                       BenchOneDnn(st, s, causal, threads);
+                                     })
+            ->UseRealTime()->Unit(benchmark::kMillisecond);
       }
-      benchmark::RegisterBenchmark(
-          ("attention/naive/f32/" + s.Name() + "/" + mask + "/threads:1").c_str(),
-          [s, causal](benchmark::State& st) { BenchNaive(st, s, causal); })
-          ->UseRealTime()
-          ->Unit(benchmark::kMillisecond);
+      // The plain loop is ~50x slower: only on the small shapes.
+      if (s.q_len * s.kv_len <= 512 * 512) {
+        benchmark::RegisterBenchmark(("attention/naive/" + base + "/threads:1").c_str(),
+                                     [s, causal](benchmark::State& st) { BenchNaive(st, s, causal); })
+            ->UseRealTime()->Unit(benchmark::kMillisecond);
+      }
     }
+  }
+  if (!verified) {
+    std::fprintf(stderr, "simdattn_bench: verification failed\n");
+    return 1;
   }
 
   SummaryReporter reporter;

@@ -7,9 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/common.sh
 
-ensure_packages "${NATIVE_PACKAGES[@]}"
+ensure_packages "${NATIVE_PACKAGES[@]}" "${BENCH_PACKAGES[@]}"
 cmake -S . -B build/bench -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DSIMDATTN_BUILD_TESTS=OFF -DSIMDATTN_BUILD_TOOLS=OFF
+      -DSIMDATTN_BUILD_TESTS=OFF -DSIMDATTN_BUILD_TOOLS=OFF -DSIMDATTN_BUILD_BENCH=ON
 cmake --build build/bench --target simdattn_bench
 echo "== CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"
 exec build/bench/simdattn_bench --benchmark_repetitions=3 \

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 source tools/common.sh
 
 JOBS=${JOBS:-$(nproc)}
-ensure_packages "${NATIVE_PACKAGES[@]}"
+ensure_packages "${NATIVE_PACKAGES[@]}" "${BENCH_PACKAGES[@]}"
 ensure_arm64_arch
 ensure_packages g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:arm64
 
@@ -27,7 +27,7 @@ echo "== x86 targets this CPU must run:$expect"
 
 echo "== x86-64 build"
 cmake -S . -B build/x86 -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DSIMDATTN_EXPECT_TARGETS="${expect# }" -DSIMDATTN_BUILD_BENCH=OFF
+      -DSIMDATTN_EXPECT_TARGETS="${expect# }" -DSIMDATTN_BUILD_BENCH=ON
 cmake --build build/x86 -j "$JOBS"
 
 echo "== aarch64 build"

@@ -1,0 +1,28 @@
+// Machine limits for simdattn_bench's roofline entries: a register-resident
+// FMA loop and a streaming read, on the widest vectors the CPU has.
+
+#ifndef SIMDATTN_BENCH_ROOFLINE_H_
+#define SIMDATTN_BENCH_ROOFLINE_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace simdattn {
+namespace bench {
+
+// Runs `iterations` rounds of 16 independent vector FMAs; returns the f32
+// flops done (2 per lane per FMA). *sink receives a value that depends on
+// every accumulator so the loop cannot be removed.
+double FmaPeakLoop(int64_t iterations, float* sink);
+
+// Sums n floats (n a multiple of 64) with independent accumulators; returns
+// the sum so the reads cannot be removed.
+float StreamRead(const float* data, size_t n);
+
+// Name of the Highway target these loops run on.
+const char* RooflineTarget();
+
+}  // namespace bench
+}  // namespace simdattn
+
+#endif  // SIMDATTN_BENCH_ROOFLINE_H_
