@@ -3,6 +3,7 @@
 // that every bad input exits 2 with a message and leaves outputs untouched.
 
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cmath>
@@ -504,9 +505,10 @@ class CliBadInputTest : public ::testing::Test {
 
   // Expects exit 2, a one-line message naming the problem, nothing on
   // stdout, both outputs unchanged and no new file.
-  void ExpectError(const std::string& args, const std::string& expect) {
-    SCOPED_TRACE(args);
-    const CliResult r = RunCli(args);
+  void ExpectError(const std::string& args, const std::string& expect,
+                   const std::string& env = "") {
+    SCOPED_TRACE(env + args);
+    const CliResult r = RunCli(args, env);
     EXPECT_EQ(r.code, 2) << r.err;
     EXPECT_EQ(r.out, "");
     EXPECT_EQ(r.err.rfind("simdattn: error: ", 0), 0u) << r.err;
@@ -559,6 +561,8 @@ TEST_F(CliBadInputTest, BadOptions) {
   ExpectError(Args({}, "--bogus 1"), "--bogus");
   ExpectError(Args({}, "--layout foo"), "--layout");
   ExpectError(Args({}, "--threads 0"), "--threads");
+  ExpectError(Args({}, "--threads 1025"), "--threads must be in 1..1024");
+  ExpectError(Args({}, "--threads 100000"), "--threads");
   ExpectError(Args({}, "--threads -2"), "--threads");
   ExpectError(Args({}, "--threads abc"), "abc");
   ExpectError(Args({}, "--scale -1"), "--scale");
@@ -586,6 +590,76 @@ TEST_F(CliBadInputTest, OutputIntoMissingDirectory) {
   ExpectError(Args({{"--lse", F("nope/lse.npy")}}), "nope/lse.npy");
   // Output path is an existing directory.
   ExpectError(Args({{"--out", F("subdir")}}), "subdir");
+}
+
+TEST_F(CliBadInputTest, LseIntoDirectoryLeavesOutputUntouched) {
+  // Both destinations are checked before either is replaced.
+  ExpectError(Args({{"--lse", F("subdir")}}), "--lse");
+  ExpectError(Args({{"--lse", F("subdir")}}), "directory");
+  ExpectError(Args({{"--lse", F("subdir") + "/"}}), "--lse");
+  ExpectError(Args({{"--lse", F("out.npy/x.npy")}}), "--lse");
+  EXPECT_TRUE(fs::is_directory(F("subdir")));
+}
+
+TEST_F(CliBadInputTest, OutputsNamingTheSameFileAreRejected) {
+  ExpectError(Args({{"--lse", F(".") + "/out.npy"}}), "same file");
+  ExpectError(Args({{"--lse", F("subdir/../out.npy")}}), "same file");
+  ExpectError(Args({{"--out", F("lse.npy")}}), "same file");
+  // Relative spellings of one file.
+  ExpectError("run --q q.npy --k k.npy --v v.npy --out out.npy --lse ./out.npy",
+              "same file", "cd '" + F(".") + "' && ");
+  ExpectError("run --q q.npy --k k.npy --v v.npy --out out.npy --lse " +
+                  F("out.npy"),
+              "same file", "cd '" + F(".") + "' && ");
+}
+
+TEST_F(CliBadInputTest, OutputNamingAnInputIsRejected) {
+  const std::string q = ReadBytes(F("q.npy"));
+  const std::string k = ReadBytes(F("k.npy"));
+  const std::string v = ReadBytes(F("v.npy"));
+  ExpectError(Args({{"--out", F("q.npy")}}), "--q");
+  ExpectError(Args({{"--lse", F("k.npy")}}), "--k");
+  ExpectError(Args({{"--out", F("subdir/../v.npy")}}), "--v");
+  ExpectError("run --q q.npy --k k.npy --v v.npy --out ./q.npy",
+              "same file as input --q", "cd '" + F(".") + "' && ");
+  // An input reached through a symbolic link is still protected.
+  fs::create_symlink(F("q.npy"), F("q_link.npy"));
+  entries_ = dir_.Entries();
+  ExpectError(Args({{"--q", F("q_link.npy")}, {"--out", F("q.npy")}}),
+              "--q");
+  ExpectError(Args({{"--q", F("q_link.npy")}, {"--out", F("q_link.npy")}}),
+              "--q");
+  EXPECT_EQ(ReadBytes(F("q.npy")), q);
+  EXPECT_EQ(ReadBytes(F("k.npy")), k);
+  EXPECT_EQ(ReadBytes(F("v.npy")), v);
+  EXPECT_TRUE(fs::is_symlink(F("q_link.npy")));
+}
+
+TEST_F(CliBadInputTest, NonRegularDestinationIsRejected) {
+  ASSERT_EQ(::mkfifo(F("fifo").c_str(), 0600), 0);
+  entries_ = dir_.Entries();
+  ExpectError(Args({{"--out", F("fifo")}}), "--out");
+  ExpectError(Args({{"--out", F("fifo")}}), "not a regular file");
+  ExpectError(Args({{"--lse", F("fifo")}}), "--lse");
+  EXPECT_TRUE(fs::is_fifo(F("fifo")));
+}
+
+TEST_F(CliBadInputTest, EmptyPathsNameTheirOption) {
+  ExpectError(Args({{"--out", "''"}}), "--out: empty path");
+  ExpectError(Args({{"--lse", "''"}}), "--lse: empty path");
+  ExpectError(Args({{"--q", "''"}}), "--q: empty path");
+  ExpectError(Args({{"--v", "''"}}), "--v");
+}
+
+TEST_F(CliBadInputTest, SameBaseNameInAnotherDirectoryIsFine) {
+  const CliResult r = RunCli(Args({{"--lse", F("subdir/out.npy")}}));
+  EXPECT_EQ(r.code, 0) << r.err;
+  npy::Array o, lse;
+  std::string error;
+  ASSERT_TRUE(npy::Read(F("out.npy"), &o, &error)) << error;
+  ASSERT_TRUE(npy::Read(F("subdir/out.npy"), &lse, &error)) << error;
+  EXPECT_EQ(o.shape, (std::vector<int64_t>{1, 4, 5, 8}));
+  EXPECT_EQ(lse.shape, (std::vector<int64_t>{1, 4, 5}));
 }
 
 }  // namespace

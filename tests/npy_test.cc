@@ -408,6 +408,48 @@ TEST(NpyTest, FailedWriteLeavesDestinationAndDirectoryUntouched) {
   EXPECT_EQ(dir.Entries(), (std::set<std::string>{"d", "e.npy"}));
 }
 
+TEST(NpyTest, NonRegularDestinationIsRejected) {
+  TempDir dir;
+  const std::vector<float> data = {1, 2, 3};
+  std::string error;
+  ASSERT_EQ(::mkfifo(dir.File("fifo").c_str(), 0600), 0);
+  EXPECT_FALSE(WriteF32(dir.File("fifo"), data.data(), {3}, &error));
+  EXPECT_NE(error.find("fifo"), std::string::npos) << error;
+  EXPECT_NE(error.find("not a regular file"), std::string::npos) << error;
+  EXPECT_TRUE(fs::is_fifo(dir.File("fifo")));
+  EXPECT_EQ(dir.Entries(), std::set<std::string>{"fifo"});
+  // The destination turns into a fifo between the temp file and the commit.
+  std::string temp;
+  ASSERT_TRUE(WriteF32Temp(dir.File("late"), data.data(), {3}, &temp, &error))
+      << error;
+  ASSERT_EQ(::mkfifo(dir.File("late").c_str(), 0600), 0);
+  EXPECT_FALSE(CommitTemp(temp, dir.File("late"), &error));
+  EXPECT_NE(error.find("not a regular file"), std::string::npos) << error;
+  EXPECT_TRUE(fs::is_fifo(dir.File("late")));
+  EXPECT_EQ(dir.Entries(), (std::set<std::string>{"fifo", "late"}));
+}
+
+TEST(NpyTest, CheckDestination) {
+  TempDir dir;
+  std::string error;
+  EXPECT_TRUE(CheckDestination(dir.File("new.npy"), &error)) << error;
+  WriteBytes(dir.File("f.npy"), "x");
+  EXPECT_TRUE(CheckDestination(dir.File("f.npy"), &error)) << error;
+  fs::create_symlink(dir.File("f.npy"), dir.File("link.npy"));
+  EXPECT_TRUE(CheckDestination(dir.File("link.npy"), &error)) << error;
+  EXPECT_FALSE(CheckDestination("", &error));
+  EXPECT_NE(error.find("empty"), std::string::npos) << error;
+  EXPECT_FALSE(CheckDestination(dir.File("new/"), &error));
+  EXPECT_FALSE(CheckDestination(dir.File("f.npy/x.npy"), &error));
+  EXPECT_NE(error.find("not a directory"), std::string::npos) << error;
+  EXPECT_FALSE(CheckDestination(dir.File("nope/x.npy"), &error));
+  EXPECT_NE(error.find("No such file"), std::string::npos) << error;
+  EXPECT_FALSE(CheckDestination(dir.path(), &error));
+  EXPECT_NE(error.find("a directory"), std::string::npos) << error;
+  EXPECT_FALSE(CheckDestination("/dev/null", &error));
+  EXPECT_NE(error.find("character device"), std::string::npos) << error;
+}
+
 TEST(NpyTest, TempThenDiscardLeavesNoTrace) {
   TempDir dir;
   const std::vector<float> data = {4, 5};

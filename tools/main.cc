@@ -2,6 +2,10 @@
 // targets; `run` computes attention on .npy files. Exit codes: 0 success,
 // 2 any usage, input or library error, 1 an unexpected internal exception.
 
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -16,6 +20,7 @@
 #include <sstream>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -28,6 +33,7 @@ namespace {
 
 constexpr int kExitError = 2;
 constexpr int kExitInternal = 1;
+constexpr int kMaxThreads = 1024;
 
 int Error(const std::string& message) {
   std::cerr << "simdattn: error: " << message << std::endl;
@@ -121,6 +127,7 @@ int PrintInfo() {
 
 struct RunArgs {
   std::string q, k, v, out, lse;
+  bool lse_given = false;
   std::string layout = "bhsd";
   std::string scale;  // parsed here, so that 'nan' and '-1' get our message
   std::string causal;
@@ -147,7 +154,14 @@ bool ParseAlignment(const std::string& flag, const std::string& text,
 // Loads a 4-D floating-point array for `flag`.
 bool LoadInput(const std::string& flag, const std::string& path,
                npy::Array* array, std::string* error) {
-  if (!npy::Read(path, array, error)) return false;
+  if (path.empty()) {
+    *error = flag + ": empty path";
+    return false;
+  }
+  if (!npy::Read(path, array, error)) {
+    *error = flag + ": " + *error;
+    return false;
+  }
   if (array->type != npy::ElementType::kF32 &&
       array->type != npy::ElementType::kF16) {
     *error = path + ": dtype '" + array->descr + "' is not supported for " +
@@ -158,6 +172,115 @@ bool LoadInput(const std::string& flag, const std::string& path,
     *error = path + ": " + flag + " must be a 4-D array, got shape " +
              npy::ShapeString(array->shape);
     return false;
+  }
+  return true;
+}
+
+// ------------------------------------------------------------ file names
+
+// Where a path's directory entry lives: the canonical parent directory plus
+// the last component, e.g. "o.npy", "./o.npy" and "/abs/dir/o.npy" all give
+// "/abs/dir/o.npy". rename() replaces exactly this entry (a symbolic link is
+// replaced, not followed). `dev`/`ino` come from lstat() when it exists.
+struct PathEntry {
+  std::string entry;  // empty when the parent directory cannot be resolved
+  bool exists = false;
+  dev_t dev = 0;
+  ino_t ino = 0;
+};
+
+std::string CanonicalPath(const std::string& path) {
+  char buf[PATH_MAX];
+  return ::realpath(path.c_str(), buf) == nullptr ? std::string()
+                                                   : std::string(buf);
+}
+
+PathEntry ResolveEntry(const std::string& path) {
+  PathEntry out;
+  const size_t slash = path.rfind('/');
+  const std::string parent = slash == std::string::npos ? "."
+                             : slash == 0               ? "/"
+                                                        : path.substr(0, slash);
+  const std::string base =
+      slash == std::string::npos ? path : path.substr(slash + 1);
+  const std::string dir = CanonicalPath(parent);
+  if (!dir.empty()) out.entry = (dir == "/" ? "" : dir) + "/" + base;
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) {
+    out.exists = true;
+    out.dev = st.st_dev;
+    out.ino = st.st_ino;
+  }
+  return out;
+}
+
+// Checks an output path for `flag` (see npy::CheckDestination) and resolves
+// its directory entry.
+bool CheckOutput(const std::string& flag, const std::string& path,
+                 PathEntry* entry, std::string* error) {
+  if (path.empty()) {
+    *error = flag + ": empty path";
+    return false;
+  }
+  if (!npy::CheckDestination(path, error)) {
+    *error = flag + ": " + *error;
+    return false;
+  }
+  *entry = ResolveEntry(path);
+  if (entry->entry.empty()) {
+    *error = flag + ": " + path + ": cannot resolve its parent directory";
+    return false;
+  }
+  return true;
+}
+
+// True when writing the output entry `out` would replace the input file at
+// `input`: the input names the same directory entry (through any spelling)
+// or resolves, through symbolic links, to the file that entry holds.
+bool OutputReplacesInput(const PathEntry& out, const std::string& input) {
+  if (input.empty()) return false;
+  if (ResolveEntry(input).entry == out.entry) return true;
+  if (CanonicalPath(input) == out.entry) return true;
+  struct stat st;
+  return out.exists && ::stat(input.c_str(), &st) == 0 &&
+         st.st_dev == out.dev && st.st_ino == out.ino;
+}
+
+// Checks both destinations before anything is computed or written, so that a
+// bad --lse cannot fail after O has been replaced.
+bool CheckOutputs(const RunArgs& args, std::string* error) {
+  if (args.lse_given && args.lse.empty()) {
+    *error = "--lse: empty path";
+    return false;
+  }
+  PathEntry out, lse;
+  if (!CheckOutput("--out", args.out, &out, error)) return false;
+  const bool has_lse = !args.lse.empty();
+  if (has_lse && !CheckOutput("--lse", args.lse, &lse, error)) return false;
+  if (has_lse && (out.entry == lse.entry ||
+                  (out.exists && lse.exists && out.dev == lse.dev &&
+                   out.ino == lse.ino))) {
+    *error = "--out '" + args.out + "' and --lse '" + args.lse +
+             "' name the same file";
+    return false;
+  }
+  struct Named {
+    const char* flag;
+    const std::string* path;
+  };
+  const Named inputs[] = {{"--q", &args.q}, {"--k", &args.k}, {"--v", &args.v}};
+  const std::pair<Named, const PathEntry*> outputs[] = {
+      {{"--out", &args.out}, &out}, {{"--lse", &args.lse}, &lse}};
+  for (const auto& o : outputs) {
+    if (o.first.path->empty()) continue;  // --lse not given
+    for (const Named& in : inputs) {
+      if (OutputReplacesInput(*o.second, *in.path)) {
+        *error = std::string(o.first.flag) + " '" + *o.first.path +
+                 "' names the same file as input " + in.flag + " '" +
+                 *in.path + "'; inputs are never overwritten";
+        return false;
+      }
+    }
   }
   return true;
 }
@@ -201,13 +324,12 @@ int RunAttention(const RunArgs& args) {
     }
     options.alignment = align;
   }
-  if (args.threads_given && args.threads < 1) {
-    return Error("--threads must be >= 1, got " +
-                 std::to_string(args.threads));
+  if (args.threads_given &&
+      (args.threads < 1 || args.threads > kMaxThreads)) {
+    return Error("--threads must be in 1.." + std::to_string(kMaxThreads) +
+                 ", got " + std::to_string(args.threads));
   }
-  if (!args.lse.empty() && args.lse == args.out) {
-    return Error("--out and --lse name the same file '" + args.out + "'");
-  }
+  if (!CheckOutputs(args, &error)) return Error(error);
   if (!args.target.empty()) {
     const Status s = SetMaxTarget(args.target.c_str());
     if (!s.ok()) return Error("--target: " + s.message);
@@ -286,25 +408,35 @@ int RunAttention(const RunArgs& args) {
     return Error(message);
   }
 
-  // Prepare both files completely before replacing either destination.
+  // Prepare both files completely before replacing either destination, and
+  // check both destinations again just before the first rename. Residual
+  // risk: two renames are not one atomic step, so if LSE's rename still
+  // fails after O's succeeded (the destination changed in between, or an
+  // I/O error), O has been replaced; the message then says so.
   const std::vector<int64_t> o_file =
       bshd ? std::vector<int64_t>{b, seq_q, hq, dv} : o_logical;
   std::string o_temp, lse_temp;
   if (!npy::WriteF32Temp(args.out, o.get(), o_file, &o_temp, &error)) {
-    return Error(error);
+    return Error("--out: " + error);
   }
   if (lse != nullptr &&
       !npy::WriteF32Temp(args.lse, lse.get(), {b, hq, seq_q}, &lse_temp,
                          &error)) {
     npy::DiscardTemp(o_temp);
-    return Error(error);
+    return Error("--lse: " + error);
+  }
+  if (lse != nullptr && !npy::CheckDestination(args.lse, &error)) {
+    npy::DiscardTemp(o_temp);
+    npy::DiscardTemp(lse_temp);
+    return Error("--lse: " + error);
   }
   if (!npy::CommitTemp(o_temp, args.out, &error)) {
     npy::DiscardTemp(lse_temp);
-    return Error(error);
+    return Error("--out: " + error);
   }
   if (lse != nullptr && !npy::CommitTemp(lse_temp, args.lse, &error)) {
-    return Error(error);
+    return Error("--lse: " + error + "; --out '" + args.out +
+                 "' was already replaced, so the outputs do not match");
   }
   if (args.verbose) {
     std::cerr << "simdattn: ran on " << info.target << std::endl;
@@ -334,7 +466,8 @@ int Main(int argc, char** argv) {
   run->add_option("--out", args.out,
                   "O.npy to write ('<f4', same layout as the inputs)")
       ->required();
-  run->add_option("--lse", args.lse, "LSE.npy to write ('<f4', [B,Hq,Lq])");
+  CLI::Option* lse_opt = run->add_option(
+      "--lse", args.lse, "LSE.npy to write ('<f4', [B,Hq,Lq])");
   run->add_option("--layout", args.layout,
                   "bhsd (default) or bshd: axis order of every array");
   run->add_option("--scale", args.scale,
@@ -344,7 +477,7 @@ int Main(int argc, char** argv) {
   run->add_option("--align", args.align,
                   "query alignment (top-left or bottom-right) when not causal");
   CLI::Option* threads_opt =
-      run->add_option("--threads", args.threads, "worker threads (>= 1)");
+      run->add_option("--threads", args.threads, "worker threads (1..1024)");
   run->add_option("--target", args.target,
                   "cap the code path (a name from `simdattn info`)");
   run->add_flag("--verbose", args.verbose,
@@ -362,6 +495,7 @@ int Main(int argc, char** argv) {
     return Error(std::string(e.what()) + " (see simdattn --help)");
   }
   args.threads_given = threads_opt->count() > 0;
+  args.lse_given = lse_opt->count() > 0;
   if (info->parsed()) return PrintInfo();
   if (run->parsed()) return RunAttention(args);
   return Error("no subcommand");

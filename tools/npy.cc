@@ -460,10 +460,49 @@ std::string MakeHeader(const std::string& descr,
   return out + dict;
 }
 
+bool CheckDestination(const std::string& path, std::string* error) {
+  if (path.empty()) {
+    if (error != nullptr) *error = "empty output path";
+    return false;
+  }
+  if (path.back() == '/') {
+    return Fail(path, "names a directory, not a file", error);
+  }
+  const size_t slash = path.rfind('/');
+  const std::string parent = slash == std::string::npos ? "."
+                             : slash == 0               ? "/"
+                                                        : path.substr(0, slash);
+  struct stat st;
+  if (::stat(parent.c_str(), &st) != 0) {
+    return Fail(path, "parent directory '" + parent + "': " +
+                          ErrnoString(errno),
+                error);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return Fail(path, "parent '" + parent + "' is not a directory", error);
+  }
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return true;  // a new file
+    return Fail(path, "cannot stat: " + ErrnoString(errno), error);
+  }
+  if (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) return true;
+  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISFIFO(st.st_mode) ? "a fifo"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                                            : "a special file";
+  return Fail(path,
+              std::string("cannot replace: it is ") + kind +
+                  ", not a regular file",
+              error);
+}
+
 bool WriteF32Temp(const std::string& path, const float* data,
                   const std::vector<int64_t>& shape, std::string* temp_path,
                   std::string* error) {
   temp_path->clear();
+  if (!CheckDestination(path, error)) return false;
   try {
     uint64_t count = 1;
     const uint64_t limit =
@@ -522,6 +561,11 @@ bool WriteF32Temp(const std::string& path, const float* data,
 
 bool CommitTemp(const std::string& temp_path, const std::string& path,
                 std::string* error) {
+  // Checked again: the destination may have changed since WriteF32Temp.
+  if (!CheckDestination(path, error)) {
+    ::unlink(temp_path.c_str());
+    return false;
+  }
   if (::rename(temp_path.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(temp_path.c_str());

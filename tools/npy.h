@@ -57,16 +57,25 @@ std::string MakeHeader(const std::string& descr,
 
 // Writes a '<f4' array of `shape` (data holds the product of the extents
 // floats) to `path` atomically: the bytes go to a temporary file in the same
-// directory, which then replaces `path` with rename(). On any failure `path`
-// is untouched, no temporary file is left, false is returned and *error is
-// set. Never throws.
+// directory, which then replaces `path` with rename(). `path` must pass
+// CheckDestination. On any failure `path` is untouched, no temporary file is
+// left, false is returned and *error is set. Never throws.
 bool WriteF32(const std::string& path, const float* data,
               const std::vector<int64_t>& shape, std::string* error);
 
+// Checks that WriteF32 may replace `path`: it is not empty and does not end
+// in '/', its parent directory exists and is a directory, and `path`, if it
+// exists, is a regular file or a symbolic link (rename() replaces the link
+// itself, never its target). A directory, device, fifo or socket is rejected
+// rather than renamed over. Returns false and sets *error (naming `path`)
+// otherwise. Never throws.
+bool CheckDestination(const std::string& path, std::string* error);
+
 // The two halves of WriteF32, so a caller can prepare several files before
-// replacing any of them. WriteF32Temp writes the complete file to a fresh
-// temporary file next to `path` and sets *temp_path. CommitTemp renames it
-// over `path` (removing it on failure); DiscardTemp removes it.
+// replacing any of them. WriteF32Temp checks `path` with CheckDestination,
+// writes the complete file to a fresh temporary file next to `path` and sets
+// *temp_path. CommitTemp checks `path` again and renames the temporary file
+// over it (removing the temporary file on failure); DiscardTemp removes it.
 bool WriteF32Temp(const std::string& path, const float* data,
                   const std::vector<int64_t>& shape, std::string* temp_path,
                   std::string* error);
