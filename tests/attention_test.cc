@@ -113,7 +113,7 @@ void ExpectPaddingUntouched(const Tensor& o) {
 }
 
 // The task count reveals the vector width of the code that ran (one task per
-// 4 vectors of query rows), so a target reported under the wrong name fails
+// 2 vectors of query rows), so a target reported under the wrong name fails
 // here. SVE widths depend on the CPU and are not checked.
 void ExpectBlockSizeOfTarget(const Case& c, const RunInfo& info) {
   const std::string t = info.target;
@@ -124,7 +124,7 @@ void ExpectBlockSizeOfTarget(const Case& c, const RunInfo& info) {
   if (t == "SVE_256") lanes = 8;
   if (t == "SCALAR") lanes = 1;
   if (lanes == 0) return;
-  const int64_t rows = 4 * lanes;
+  const int64_t rows = 2 * lanes;
   EXPECT_EQ(info.num_tasks, c.batch * c.q_heads * ((c.q_len + rows - 1) / rows))
       << "target " << t;
 }

@@ -14,6 +14,7 @@
 
 #include "hwy/highway.h"
 #include "lib/kernels/exp-inl.h"
+#include "lib/kernels/tile_gemm-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace simdattn {
@@ -49,38 +50,27 @@ HWY_INLINE void CausalMaskTile(D d, int64_t q_begin, int64_t kv_begin,
   const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
   const auto i0 = hn::Iota(di, static_cast<int32_t>(q_begin));
   const auto i1 = hn::Add(i0, hn::Set(di, static_cast<int32_t>(N)));
-  const auto i2 = hn::Add(i1, hn::Set(di, static_cast<int32_t>(N)));
-  const auto i3 = hn::Add(i2, hn::Set(di, static_cast<int32_t>(N)));
   for (int64_t j = 0; j < num_keys; ++j) {
-    // Query i sees key kv_begin + j iff i >= kv_begin + j - offset.
-    int64_t first = kv_begin + j - offset;
-    if (first > std::numeric_limits<int32_t>::max()) {
-      first = std::numeric_limits<int32_t>::max();
-    }
-    if (first < std::numeric_limits<int32_t>::min()) {
-      first = std::numeric_limits<int32_t>::min();
-    }
-    const auto t = hn::Set(di, static_cast<int32_t>(first));
-    float* HWY_RESTRICT row = st + j * 4 * N;
+    // Query i sees key kv_begin + j iff i >= kv_begin + j - offset; the
+    // driver guarantees that this fits int32.
+    const auto t = hn::Set(di, static_cast<int32_t>(kv_begin + j - offset));
+    float* HWY_RESTRICT row = st + j * kTileCols * N;
     hn::Store(hn::IfThenElse(hn::RebindMask(d, hn::Lt(i0, t)), neg_inf,
                              hn::Load(d, row)), d, row);
     hn::Store(hn::IfThenElse(hn::RebindMask(d, hn::Lt(i1, t)), neg_inf,
                              hn::Load(d, row + N)), d, row + N);
-    hn::Store(hn::IfThenElse(hn::RebindMask(d, hn::Lt(i2, t)), neg_inf,
-                             hn::Load(d, row + 2 * N)), d, row + 2 * N);
-    hn::Store(hn::IfThenElse(hn::RebindMask(d, hn::Lt(i3, t)), neg_inf,
-                             hn::Load(d, row + 3 * N)), d, row + 3 * N);
   }
 }
 
 // One step of the recurrence for the query vector at lane offset `col` of a
-// transposed tile (row stride 4 * Lanes): turns the scores into p_j in place
-// and updates m, l (vectors of this column) and writes alpha.
+// transposed tile (row stride kTileCols * Lanes): turns the scores into p_j in
+// place, updates m, l (vectors of this column) and writes alpha. Returns
+// whether any lane's max grew (alpha != 1 somewhere).
 template <class D>
-HWY_INLINE void SoftmaxColumn(D d, float* HWY_RESTRICT st, int64_t num_keys,
+HWY_INLINE bool SoftmaxColumn(D d, float* HWY_RESTRICT st, int64_t num_keys,
                               float* HWY_RESTRICT m, float* HWY_RESTRICT l,
                               float* HWY_RESTRICT alpha) {
-  const size_t stride = 4 * hn::Lanes(d);
+  const size_t stride = kTileCols * hn::Lanes(d);
   const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
   // Max over the tile's keys: two chains to halve the dependency length.
   auto mx0 = neg_inf, mx1 = neg_inf;
@@ -115,18 +105,22 @@ HWY_INLINE void SoftmaxColumn(D d, float* HWY_RESTRICT st, int64_t num_keys,
   hn::Store(m_new, d, m);
   hn::Store(hn::MulAdd(hn::Load(d, l), a, hn::Add(sum0, sum1)), d, l);
   hn::Store(a, d, alpha);
+  return !hn::AllTrue(d, hn::Eq(m_new, m_old));
 }
 
-// Applies the recurrence to a whole transposed tile (4 query vectors).
+// Applies the recurrence to a whole transposed tile (kTileCols query
+// vectors); returns whether the output needs rescaling by alpha.
 template <class D>
-HWY_INLINE void SoftmaxTile(D d, float* HWY_RESTRICT st, int64_t num_keys,
+HWY_INLINE bool SoftmaxTile(D d, float* HWY_RESTRICT st, int64_t num_keys,
                             float* HWY_RESTRICT m, float* HWY_RESTRICT l,
                             float* HWY_RESTRICT alpha) {
   const size_t N = hn::Lanes(d);
-  for (size_t c = 0; c < 4; ++c) {
-    SoftmaxColumn(d, st + c * N, num_keys, m + c * N, l + c * N,
-                  alpha + c * N);
+  bool rescale = false;
+  for (size_t c = 0; c < static_cast<size_t>(kTileCols); ++c) {
+    rescale |= SoftmaxColumn(d, st + c * N, num_keys, m + c * N, l + c * N,
+                             alpha + c * N);
   }
+  return rescale;
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)

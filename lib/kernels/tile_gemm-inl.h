@@ -1,0 +1,149 @@
+// The register-blocked micro-kernel behind both products of the fused
+// kernel, S^T = K·Qt and O^T += V^T·P^T: per-target code (include from a
+// foreach_target translation unit).
+
+#if defined(SIMDATTN_LIB_KERNELS_TILE_GEMM_INL_H_) == \
+    defined(HWY_TARGET_TOGGLE)
+#ifdef SIMDATTN_LIB_KERNELS_TILE_GEMM_INL_H_
+#undef SIMDATTN_LIB_KERNELS_TILE_GEMM_INL_H_
+#else
+#define SIMDATTN_LIB_KERNELS_TILE_GEMM_INL_H_
+#endif
+
+#include <cstdint>
+
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace simdattn {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Register tile: kTileRows broadcast rows x kTileCols vectors of queries.
+// 32-register targets (AVX-512, NEON, SVE) hold 8 x 2 = 16 accumulators plus
+// 2 loaded vectors and a broadcast: per reduction step 2 vector loads and 8
+// broadcasts (10 loads, 5 cycles on 2 load ports) feed 16 FMAs (8 cycles on 2
+// FMA ports), and the packed operand costs 8 bytes per FMA from L1/L2.
+// 16-register targets (AVX2, SSE4, SSSE3) use 4 x 2 so nothing spills.
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4 || \
+    HWY_TARGET == HWY_SSSE3 || HWY_TARGET == HWY_SCALAR
+constexpr int kTileRows = 4;
+#else
+constexpr int kTileRows = 8;
+#endif
+constexpr int kTileCols = 2;
+
+// For rows r < kRows and vectors c < kTileCols:
+//   out[r][c] = (kAccumulate ? scale[c] * out[r][c] : 0)
+//             + sum_{t < n} b[r * b_row + t * b_t] * a[t * a_t + c * N]
+// where N = Lanes(d). `a` is the packed operand (vector-aligned rows of
+// kTileCols vectors); `b` is read by scalar broadcasts straight from the
+// caller's tensor. out rows are out_row floats apart, vector-aligned.
+// scale may be null (no rescale). f32 accumulation, sequential over t, so the
+// result does not depend on how callers split rows.
+//
+// kGuard (P·V of a causal diagonal tile): term t is added to lane i of vector
+// c only when query q_first + c * N + i sees key t, i.e.
+// q_first + c * N + i >= t + key_shift. Hidden terms are skipped, not
+// multiplied by their zero weight: 0 * Inf would make an Inf of V leak into
+// rows that never see it.
+template <int kRows, bool kAccumulate, bool kGuard, class D>
+HWY_INLINE void TileGemm(D d, const float* HWY_RESTRICT b, int64_t b_row,
+                         int64_t b_t, const float* HWY_RESTRICT a, int64_t a_t,
+                         int64_t n, const float* HWY_RESTRICT scale,
+                         float* HWY_RESTRICT out, int64_t out_row,
+                         int64_t q_first = 0, int64_t key_shift = 0) {
+  static_assert(kRows >= 1 && kRows <= 8, "1 to 8 rows");
+  static_assert(kTileCols == 2, "the accumulators below are for 2 vectors");
+  const size_t N = hn::Lanes(d);
+  using V = hn::VFromD<D>;
+  V a00 = hn::Zero(d), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00;
+  V a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00;
+  V a60 = a00, a61 = a00, a70 = a00, a71 = a00;
+  if (kAccumulate) {
+#define SIMDATTN_LOAD_ROW(R)                                        \
+  if (R < kRows) {                                                  \
+    a##R##0 = hn::Load(d, out + R * out_row);                       \
+    a##R##1 = hn::Load(d, out + R * out_row + N);                   \
+    if (scale != nullptr) {                                         \
+      a##R##0 = hn::Mul(a##R##0, hn::Load(d, scale));               \
+      a##R##1 = hn::Mul(a##R##1, hn::Load(d, scale + N));           \
+    }                                                               \
+  }
+    SIMDATTN_LOAD_ROW(0) SIMDATTN_LOAD_ROW(1) SIMDATTN_LOAD_ROW(2)
+    SIMDATTN_LOAD_ROW(3) SIMDATTN_LOAD_ROW(4) SIMDATTN_LOAD_ROW(5)
+    SIMDATTN_LOAD_ROW(6) SIMDATTN_LOAD_ROW(7)
+#undef SIMDATTN_LOAD_ROW
+  }
+  const hn::RebindToSigned<D> di;
+  const auto lane0 = hn::Iota(di, static_cast<int32_t>(q_first));
+  const auto lane1 = hn::Add(lane0, hn::Set(di, static_cast<int32_t>(N)));
+  for (int64_t t = 0; t < n; ++t) {
+    const V x0 = hn::Load(d, a + t * a_t);
+    const V x1 = hn::Load(d, a + t * a_t + N);
+    const float* HWY_RESTRICT bt = b + t * b_t;
+    if (kGuard) {
+      const auto first = hn::Set(di, static_cast<int32_t>(t + key_shift));
+      const auto hide0 = hn::RebindMask(d, hn::Lt(lane0, first));
+      const auto hide1 = hn::RebindMask(d, hn::Lt(lane1, first));
+#define SIMDATTN_FMA_ROW(R)                                                 \
+  if (R < kRows) {                                                          \
+    const V y = hn::Set(d, bt[R * b_row]);                                  \
+    a##R##0 = hn::IfThenElse(hide0, a##R##0, hn::MulAdd(y, x0, a##R##0));   \
+    a##R##1 = hn::IfThenElse(hide1, a##R##1, hn::MulAdd(y, x1, a##R##1));   \
+  }
+      SIMDATTN_FMA_ROW(0) SIMDATTN_FMA_ROW(1) SIMDATTN_FMA_ROW(2)
+      SIMDATTN_FMA_ROW(3) SIMDATTN_FMA_ROW(4) SIMDATTN_FMA_ROW(5)
+      SIMDATTN_FMA_ROW(6) SIMDATTN_FMA_ROW(7)
+#undef SIMDATTN_FMA_ROW
+    } else {
+#define SIMDATTN_FMA_ROW(R)                      \
+  if (R < kRows) {                               \
+    const V y = hn::Set(d, bt[R * b_row]);       \
+    a##R##0 = hn::MulAdd(y, x0, a##R##0);        \
+    a##R##1 = hn::MulAdd(y, x1, a##R##1);        \
+  }
+      SIMDATTN_FMA_ROW(0) SIMDATTN_FMA_ROW(1) SIMDATTN_FMA_ROW(2)
+      SIMDATTN_FMA_ROW(3) SIMDATTN_FMA_ROW(4) SIMDATTN_FMA_ROW(5)
+      SIMDATTN_FMA_ROW(6) SIMDATTN_FMA_ROW(7)
+#undef SIMDATTN_FMA_ROW
+    }
+  }
+#define SIMDATTN_STORE_ROW(R)                        \
+  if (R < kRows) {                                   \
+    hn::Store(a##R##0, d, out + R * out_row);        \
+    hn::Store(a##R##1, d, out + R * out_row + N);    \
+  }
+  SIMDATTN_STORE_ROW(0) SIMDATTN_STORE_ROW(1) SIMDATTN_STORE_ROW(2)
+  SIMDATTN_STORE_ROW(3) SIMDATTN_STORE_ROW(4) SIMDATTN_STORE_ROW(5)
+  SIMDATTN_STORE_ROW(6) SIMDATTN_STORE_ROW(7)
+#undef SIMDATTN_STORE_ROW
+}
+
+// TileGemm over any number of rows: full tiles of kTileRows, then single rows.
+template <bool kAccumulate, bool kGuard, class D>
+HWY_INLINE void TileGemmRows(D d, int64_t rows, const float* HWY_RESTRICT b,
+                             int64_t b_row, int64_t b_t,
+                             const float* HWY_RESTRICT a, int64_t a_t,
+                             int64_t n, const float* HWY_RESTRICT scale,
+                             float* HWY_RESTRICT out, int64_t out_row,
+                             int64_t q_first = 0, int64_t key_shift = 0) {
+  int64_t r = 0;
+  for (; r + kTileRows <= rows; r += kTileRows) {
+    TileGemm<kTileRows, kAccumulate, kGuard>(d, b + r * b_row, b_row, b_t, a,
+                                             a_t, n, scale, out + r * out_row,
+                                             out_row, q_first, key_shift);
+  }
+  for (; r < rows; ++r) {
+    TileGemm<1, kAccumulate, kGuard>(d, b + r * b_row, b_row, b_t, a, a_t, n,
+                                     scale, out + r * out_row, out_row,
+                                     q_first, key_shift);
+  }
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace simdattn
+HWY_AFTER_NAMESPACE();
+
+#endif  // SIMDATTN_LIB_KERNELS_TILE_GEMM_INL_H_
