@@ -93,11 +93,11 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
   float* HWY_RESTRICT l = scratch + lay.l;
   float* HWY_RESTRICT alpha = scratch + lay.alpha;
 
-  // Heaviest blocks first (causal cost grows with the block index) so that a
-  // dynamic scheduler balances; consecutive tasks are different heads.
-  const int64_t bh_count = a.batch * a.q_heads;
-  const int64_t block = a.num_q_blocks - 1 - task / bh_count;
-  const int64_t bh = task % bh_count;
+  // Consecutive tasks are blocks of one head, so its K/V stay in L2/L3 from
+  // one task to the next; within a head the heaviest (last, for causal)
+  // blocks come first so the dynamic scheduler ends on light ones.
+  const int64_t block = a.num_q_blocks - 1 - task % a.num_q_blocks;
+  const int64_t bh = task / a.num_q_blocks;
   const int64_t b = bh / a.q_heads;
   const int64_t h = bh % a.q_heads;
   const int64_t hkv = h / a.group;
