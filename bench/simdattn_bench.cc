@@ -340,6 +340,30 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     }
   }
 
+  // Writes one line per shape/mask/threads: GFLOP/s of simdattn, oneDNN and
+  // the plain loop (0 when not measured) and the FMA roofline, tab-separated,
+  // for tools/bench.sh's chart.
+  bool WriteTable(const char* path) const {
+    FILE* f = std::fopen(path, "w");
+    if (f == nullptr) return false;
+    std::fprintf(f, "entry\tsimdattn\tonednn\tnaive\troofline\n");
+    for (const auto& [name, m] : medians_) {
+      if (name.rfind("attention/simdattn/", 0) != 0) continue;
+      const std::string rest = name.substr(std::string("attention/simdattn/").size());
+      const std::string threads = name.substr(name.rfind("/threads:") + 9);
+      auto rate = [&](const std::string& key) {
+        auto it = medians_.find(key);
+        return it == medians_.end() ? 0.0 : it->second.flops * 1e-9;
+      };
+      std::string naive = "attention/naive/" + rest;
+      naive = naive.substr(0, naive.rfind("/threads:")) + "/threads:1";
+      std::fprintf(f, "%s\t%.2f\t%.2f\t%.2f\t%.2f\n", rest.c_str(), m.flops * 1e-9,
+                   rate("attention/onednn/" + rest), rate(naive),
+                   rate("roofline/fma_f32/threads:" + threads));
+    }
+    return std::fclose(f) == 0;
+  }
+
  private:
   struct Median {
     double flops;
@@ -351,13 +375,26 @@ class SummaryReporter : public benchmark::ConsoleReporter {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Our own flags, taken out before Google Benchmark parses the rest:
+  //   --verify        check every implementation against the reference first
+  //   --table=PATH    write the summary as tab-separated values
   bool verify = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--verify") == 0) {
+  std::string table_path;
+  for (int i = 1; i < argc;) {
+    const std::string arg = argv[i];
+    bool ours = true;
+    if (arg == "--verify") {
       verify = true;
+    } else if (arg.rfind("--table=", 0) == 0) {
+      table_path = arg.substr(8);
+    } else {
+      ours = false;
+    }
+    if (ours) {
       for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
       --argc;
-      break;
+    } else {
+      ++i;
     }
   }
   benchmark::Initialize(&argc, argv);
@@ -412,5 +449,9 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks(&reporter);
   reporter.PrintSummary();
   benchmark::Shutdown();
+  if (!table_path.empty() && !reporter.WriteTable(table_path.c_str())) {
+    std::fprintf(stderr, "simdattn_bench: cannot write %s\n", table_path.c_str());
+    return 1;
+  }
   return 0;
 }

@@ -32,4 +32,4 @@ ensure_arm64_arch() {
 
 NATIVE_PACKAGES=(g++ cmake ninja-build pkg-config libhwy-dev libgtest-dev
                  libbenchmark-dev libcli11-dev)
-BENCH_PACKAGES=(libdnnl-dev)
+BENCH_PACKAGES=(libdnnl-dev)  # bench.sh adds gnuplot-nox for its chart
