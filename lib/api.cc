@@ -106,14 +106,10 @@ Status CheckCovered(const Problem& p, const TensorView& q, const TensorView& k,
   if (o.dtype != DType::kF32) {
     return Unimplemented(std::string("o.dtype = ") + DTypeName(o.dtype));
   }
-  if (p.has_mask) return Unimplemented("an explicit mask");
-  if (options.kv_lengths != nullptr) return Unimplemented("kv_lengths");
-  if (options.window_left >= 0 || options.window_right >= 0) {
-    return Unimplemented("a sliding window");
+  if (options.alibi_slopes != nullptr &&
+      (p.q_len > (int64_t{1} << 24) || p.kv_len > (int64_t{1} << 24))) {
+    return Unimplemented("ALiBi with a sequence longer than 2^24");
   }
-  if (options.softcap > 0.0f) return Unimplemented("softcap");
-  if (options.alibi_slopes != nullptr) return Unimplemented("ALiBi");
-  if (options.sinks != nullptr) return Unimplemented("attention sinks");
   if (options.dropout_p > 0.0f) return Unimplemented("dropout");
   if (p.head_dim_qk > kMaxHeadDim || p.head_dim_v > kMaxHeadDim) {
     return Unimplemented("a head dimension above " +
@@ -228,6 +224,24 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     args.scale = p.scale;
     args.causal = options.causal;
     args.bottom_right = options.alignment == Alignment::kBottomRight;
+    args.kv_lengths = options.kv_lengths;
+    // A window wider than both lengths cuts nothing: treat it as unbounded,
+    // which also keeps the kernel's index arithmetic far from overflow.
+    const int64_t span = p.q_len + p.kv_len;
+    args.window_left = options.window_left > span ? -1 : options.window_left;
+    args.window_right = options.window_right > span ? -1 : options.window_right;
+    args.softcap = options.softcap;
+    args.alibi_slopes = options.alibi_slopes;
+    args.sinks = options.sinks;
+    args.mask_kind = 0;
+    args.mask = nullptr;
+    for (int i = 0; i < 4; ++i) args.mask_strides[i] = p.mask_strides[i];
+    if (p.has_mask) {
+      args.mask = options.mask.data;
+      args.mask_kind = options.mask.dtype == DType::kBool  ? 1
+                       : options.mask.dtype == DType::kF32 ? 2
+                                                           : 3;
+    }
     args.q_block_rows = kernels.query_block_rows();
     args.num_q_blocks = (p.q_len + args.q_block_rows - 1) / args.q_block_rows;
 

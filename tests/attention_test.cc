@@ -547,6 +547,222 @@ TEST(AttentionTest, DefaultScaleIsInverseSqrtHeadDim) {
   CheckAllTargets(c, in);
 }
 
+
+// ---------------------------------------------------------------- variants
+// Every SEMANTICS.md option inside the fused kernel, alone and combined.
+
+TEST(VariantTest, KvLengthsPerBatch) {
+  int n = 0;
+  for (bool causal : {false, true}) {
+    for (Alignment al : {Alignment::kTopLeft, Alignment::kBottomRight}) {
+      Case c;
+      c.batch = 4;
+      c.q_heads = 2;
+      c.q_len = 37;
+      c.kv_len = 70;
+      c.dk = 24;
+      c.dv = 24;
+      c.options.causal = causal;
+      c.options.alignment = al;
+      int64_t lens[4] = {70, 1, 0, 45};  // 0: every row of batch 2 is empty
+      c.options.kv_lengths = lens;
+      CheckAllTargets(c, MakeInputs(c, 2000 + n++));
+    }
+  }
+}
+
+TEST(VariantTest, SlidingWindows) {
+  struct W {
+    int64_t left, right;
+    bool causal;
+  };
+  const W windows[] = {{3, 0, false}, {3, 0, true}, {5, 2, false},
+                       {0, -1, false}, {-1, 4, false}, {40, 40, false},
+                       {10, 5, true}, {0, 0, false}};
+  int n = 0;
+  for (const W& w : windows) {
+    for (Alignment al : {Alignment::kTopLeft, Alignment::kBottomRight}) {
+      for (const int64_t* lens : {(const int64_t*)nullptr}) {
+        Case c;
+        c.q_heads = 2;
+        c.q_len = 50;
+        c.kv_len = 150;
+        c.dk = 16;
+        c.dv = 8;
+        c.options.window_left = w.left;
+        c.options.window_right = w.right;
+        c.options.causal = w.causal;
+        c.options.alignment = al;
+        c.options.kv_lengths = lens;
+        CheckAllTargets(c, MakeInputs(c, 2100 + n++));
+      }
+    }
+  }
+}
+
+TEST(VariantTest, SoftcapAlibiSinks) {
+  float slopes[4] = {0.5f, 0.125f, 0.03125f, 0.0f};
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  float sinks[4] = {0.0f, 3.0f, -2.0f, neg_inf};
+  int n = 0;
+  for (int which = 0; which < 3; ++which) {
+    for (bool causal : {false, true}) {
+      Case c;
+      c.q_heads = 4;
+      c.kv_heads = 2;
+      c.q_len = 33;
+      c.kv_len = 90;
+      c.dk = 32;
+      c.dv = 16;
+      c.options.causal = causal;
+      c.options.alignment = Alignment::kBottomRight;
+      if (which == 0) {
+        c.options.softcap = 2.0f;
+        c.options.scale = 1.5f;  // logits beyond the cap
+      }
+      if (which == 1) c.options.alibi_slopes = slopes;
+      if (which == 2) c.options.sinks = sinks;
+      CheckAllTargets(c, MakeInputs(c, 2200 + n++, -2.0f, 2.0f));
+    }
+  }
+}
+
+TEST(VariantTest, SinkOnRowsWithoutKeys) {
+  // Bottom-right, Lq > Lk: the first rows see no key; with a sink they give
+  // zeros and LSE = sink.
+  float sinks[1] = {1.5f};
+  Case c;
+  c.q_len = 20;
+  c.kv_len = 5;
+  c.options.causal = true;
+  c.options.alignment = Alignment::kBottomRight;
+  c.options.sinks = sinks;
+  const Inputs in = MakeInputs(c, 2300);
+  for (const std::string& target : AvailableTargets()) {
+    SCOPED_TRACE(target);
+    const Outputs out = RunFast(c, in, target);
+    ASSERT_TRUE(out.status.ok()) << out.status.message;
+    for (int64_t i = 0; i < 15; ++i) {
+      EXPECT_EQ(out.lse[i], 1.5f);
+      for (int64_t e = 0; e < c.dv; ++e) EXPECT_EQ(out.o.Get(0, 0, i, e), 0.0f);
+    }
+  }
+  CheckAllTargets(c, in);
+}
+
+TEST(VariantTest, ExplicitMasks) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::mt19937 rng(2400);
+  Case c;
+  c.batch = 2;
+  c.q_heads = 4;
+  c.kv_heads = 2;
+  c.q_len = 35;
+  c.kv_len = 75;
+  c.dk = 16;
+  c.dv = 16;
+  const Inputs in = MakeInputs(c, 2401);
+  // One bool [Lq, Lk] mask for every batch and head; row 3 hides everything.
+  Tensor bool_mask(DType::kBool, 1, 1, 35, 75);
+  for (int64_t i = 0; i < 35; ++i)
+    for (int64_t j = 0; j < 75; ++j)
+      bool_mask.Set(0, 0, i, j, (i == 3 || rng() % 3 == 0) ? 0.0f : 1.0f);
+  // Padding as an additive [B, 1, 1, Lk] mask.
+  Tensor pad_mask(DType::kF32, 2, 1, 1, 75);
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t j = 0; j < 75; ++j)
+      pad_mask.Set(b, 0, 0, j, j >= 60 - 20 * b ? neg_inf : 0.0f);
+  // A full f16 additive mask with finite biases.
+  Tensor bias(DType::kF16, 2, 4, 35, 75);
+  bias.FillUniform(&rng, -3.0f, 3.0f);
+  // Per-head [1, Hq, 1, 1] bias.
+  Tensor head_bias(DType::kF32, 1, 4, 1, 1);
+  head_bias.FillUniform(&rng, -1.0f, 1.0f);
+  for (const Tensor* t : {&bool_mask, &pad_mask, &bias, &head_bias}) {
+    for (bool causal : {false, true}) {
+      Case m = c;
+      m.options.mask = t->View();
+      m.options.causal = causal;
+      CheckAllTargets(m, in);
+    }
+  }
+}
+
+TEST(VariantTest, HiddenInfInValueDoesNotLeak) {
+  // Key 4's value is Inf and a bool mask hides key 4 from even rows: they stay
+  // finite; odd rows see it and get Inf/NaN.
+  Case c;
+  c.q_len = 8;
+  c.kv_len = 8;
+  c.dk = 4;
+  c.dv = 4;
+  Inputs in = MakeInputs(c, 2500);
+  in.v.Set(0, 0, 4, 1, std::numeric_limits<float>::infinity());
+  Tensor mask(DType::kBool, 1, 1, 8, 8);
+  for (int64_t i = 0; i < 8; ++i)
+    for (int64_t j = 0; j < 8; ++j) mask.Set(0, 0, i, j, (j == 4 && i % 2 == 0) ? 0.0f : 1.0f);
+  c.options.mask = mask.View();
+  for (const std::string& target : AvailableTargets()) {
+    SCOPED_TRACE(target);
+    const Outputs out = RunFast(c, in, target);
+    ASSERT_TRUE(out.status.ok()) << out.status.message;
+    for (int64_t i = 0; i < 8; ++i) {
+      EXPECT_EQ(std::isfinite(out.o.Get(0, 0, i, 1)), i % 2 == 0) << i;
+      EXPECT_TRUE(std::isfinite(out.o.Get(0, 0, i, 0))) << i;
+    }
+  }
+}
+
+TEST(VariantTest, Combinations) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  float sinks[8] = {0.5f, -1.0f, 2.0f, 0.0f, neg_inf, 1.0f, -3.0f, 0.25f};
+  float slopes[8] = {0.25f, 0.125f, 0.0625f, 0.03125f, 0.5f, 0.0f, 0.01f, 1.0f};
+  int64_t lens[2] = {100, 57};
+  std::mt19937 rng(2600);
+  Tensor bias(DType::kF32, 1, 8, 48, 100);
+  bias.FillUniform(&rng, -2.0f, 2.0f);
+  int n = 0;
+  for (int combo = 0; combo < 4; ++combo) {
+    Case c;
+    c.batch = 2;
+    c.q_heads = 8;
+    c.kv_heads = combo == 2 ? 1 : 4;
+    c.q_len = 48;
+    c.kv_len = 100;
+    c.dk = 40;
+    c.dv = 24;
+    c.layout = combo % 2 ? Layout::kBSHD : Layout::kBHSD;
+    switch (combo) {
+      case 0:  // causal + window + sinks
+        c.options.causal = true;
+        c.options.window_left = 16;
+        c.options.sinks = sinks;
+        break;
+      case 1:  // mask + ALiBi + softcap
+        c.options.mask = bias.View();
+        c.options.alibi_slopes = slopes;
+        c.options.softcap = 5.0f;
+        break;
+      case 2:  // GQA (MQA) + kv_lengths, bottom-right causal
+        c.options.kv_lengths = lens;
+        c.options.causal = true;
+        c.options.alignment = Alignment::kBottomRight;
+        break;
+      case 3:  // everything but dropout
+        c.options.kv_lengths = lens;
+        c.options.causal = true;
+        c.options.alignment = Alignment::kBottomRight;
+        c.options.window_left = 30;
+        c.options.sinks = sinks;
+        c.options.alibi_slopes = slopes;
+        c.options.softcap = 8.0f;
+        c.options.mask = bias.View();
+        break;
+    }
+    CheckAllTargets(c, MakeInputs(c, 2601 + n++, -1.5f, 1.5f));
+  }
+}
+
 }  // namespace
 }  // namespace test
 }  // namespace simdattn

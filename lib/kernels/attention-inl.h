@@ -19,6 +19,7 @@
 #include "hwy/highway.h"
 #include "lib/kernels/kernels.h"
 #include "lib/kernels/online_softmax-inl.h"
+#include "lib/kernels/score_mods-inl.h"
 #include "lib/kernels/tile_gemm-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -120,34 +121,63 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
     for (int64_t i = 0; i < dk; ++i) qt[i * mq + r] = 0.0f;
   }
   std::fill(acc, acc + dv * mq, 0.0f);
-  std::fill(m, m + mq, -std::numeric_limits<float>::infinity());
-  std::fill(l, l + mq, 0.0f);
+  // A sink (one logit per head, no value) starts every row's recurrence as if
+  // it were a first key with score sink: m = sink, l = exp(sink - m) = 1. A
+  // -inf sink is no sink.
+  const float sink =
+      a.sinks != nullptr ? a.sinks[h] : -std::numeric_limits<float>::infinity();
+  const bool has_sink = !(sink == -std::numeric_limits<float>::infinity());
+  std::fill(m, m + mq, has_sink ? sink : -std::numeric_limits<float>::infinity());
+  std::fill(l, l + mq, has_sink ? 1.0f : 0.0f);
 
-  // Causal: query i sees keys j <= i + offset. Keys past the last row's limit
-  // are skipped; tiles past the first row's limit need the mask.
-  const int64_t offset = a.bottom_right ? a.kv_len - a.q_len : 0;
-  int64_t kv_end = a.kv_len;
-  if (a.causal) {
-    kv_end = std::min(a.kv_len,
-                      std::max<int64_t>(0, q_begin + rows - 1 + offset + 1));
-  }
+  // Index visibility (SEMANTICS.md): key j is visible to query i when
+  // j < Lk_b, lo(i) <= j <= hi(i) with p(i) = i + offset, hi(i) = p(i) + right
+  // (right = 0 for causal, min with window_right) and lo(i) = p(i) - left.
+  const int64_t kv_valid = a.kv_lengths != nullptr ? a.kv_lengths[b] : a.kv_len;
+  const int64_t offset = a.bottom_right ? kv_valid - a.q_len : 0;
+  const bool has_hi = a.causal || a.window_right >= 0;
+  const int64_t right = a.causal ? (a.window_right >= 0 ? std::min<int64_t>(a.window_right, 0) : 0)
+                                 : a.window_right;
+  const bool has_lo = a.window_left >= 0;
+  const int64_t left = a.window_left;
+  const int64_t p_first = q_begin + offset;
+  const int64_t p_last = q_begin + rows - 1 + offset;
+  // Keys any row of the block sees: [kv_start, kv_end).
+  int64_t kv_start = has_lo ? std::max<int64_t>(0, p_first - left) : 0;
+  int64_t kv_end = kv_valid;
+  if (has_hi) kv_end = std::min(kv_end, std::max<int64_t>(0, p_last + right + 1));
+  if (kv_start > kv_end) kv_start = kv_end;
 
-  for (int64_t kv_begin = 0; kv_begin < kv_end; kv_begin += kKeyTile) {
+  const bool has_mask = a.mask_kind != 0;
+  const bool score_mods = a.softcap > 0.0f || a.alibi_slopes != nullptr;
+  for (int64_t kv_begin = kv_start; kv_begin < kv_end; kv_begin += kKeyTile) {
     const int64_t nk = std::min(kKeyTile, kv_end - kv_begin);
     const float* kt = k + kv_begin * a.k_strides[2];
     const float* vt = v + kv_begin * a.v_strides[2];
     // S^T: rows are keys (broadcast along the head dim), reduction over Dk.
     TileGemmRows<false, false>(d, nk, kt, a.k_strides[2], 1, qt, mq, dk,
                                nullptr, st, mq);
-    const bool masked = a.causal && kv_begin + nk - 1 > q_begin + offset;
-    if (masked) CausalMaskTile(d, q_begin, kv_begin, nk, offset, st);
+    if (score_mods) {
+      if (a.softcap > 0.0f) SoftcapTile(d, a.softcap, nk, st);
+      if (a.alibi_slopes != nullptr) {
+        AlibiTile(d, a.alibi_slopes[h], q_begin, offset, kv_begin, nk, st);
+      }
+    }
+    if (has_mask) ExplicitMaskTile(a, b, h, q_begin, rows, kv_begin, nk, mq, st);
+    // Index masks only where some row's window ends inside the tile.
+    const bool cut_hi = has_hi && kv_begin + nk - 1 > p_first + right;
+    const bool cut_lo = has_lo && kv_begin < p_last - left;
+    if (cut_hi || cut_lo) {
+      IndexMaskTile(d, q_begin, kv_begin, nk, cut_hi, offset + right, cut_lo,
+                    offset - left, st);
+    }
     const bool rescale = SoftmaxTile(d, st, nk, m, l, alpha);
     // O^T: rows are value dims (broadcast along the keys), reduction over the
     // tile's keys; the old O^T is rescaled by alpha on the way in.
     const float* scale = rescale ? alpha : nullptr;
-    if (masked) {
+    if (cut_hi || cut_lo || has_mask) {
       TileGemmRows<true, true>(d, dv, vt, 1, a.v_strides[2], st, mq, nk, scale,
-                               acc, mq, q_begin, kv_begin - offset);
+                               acc, mq);
     } else {
       TileGemmRows<true, false>(d, dv, vt, 1, a.v_strides[2], st, mq, nk,
                                 scale, acc, mq);

@@ -29,6 +29,18 @@ struct AttentionArgsF32 {
   float scale;
   bool causal;
   bool bottom_right;
+  // SEMANTICS.md options; null / negative / 0 = off.
+  const int64_t* kv_lengths;   // [batch]
+  int64_t window_left;         // < 0: unbounded
+  int64_t window_right;        // < 0: unbounded
+  float softcap;               // 0: off
+  const float* alibi_slopes;   // [q_heads]
+  const float* sinks;          // [q_heads]
+  // Explicit mask: kind 0 = none, 1 = bool (uint8, 0 hides), 2 = additive
+  // f32, 3 = additive f16; strides in elements, 0 on broadcast dimensions.
+  int mask_kind;
+  const void* mask;
+  int64_t mask_strides[4];
   // Set by the driver from TargetKernels::query_block_rows.
   int64_t q_block_rows;
   int64_t num_q_blocks;

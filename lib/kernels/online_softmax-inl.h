@@ -37,31 +37,6 @@ namespace hn = hwy::HWY_NAMESPACE;
 // NaN in a score (from NaN/Inf in Q or K) flows into p, l and acc of that row
 // only: every operation here is per lane.
 
-// Hides, in a transposed tile of num_keys rows starting at key kv_begin, the
-// keys a causal query cannot see: key j is visible to query i when
-// j <= i + offset (offset = 0 top-left, Lk - Lq bottom-right). q_begin is the
-// block's first query row. Indices fit int32 (checked by the driver).
-template <class D>
-HWY_INLINE void CausalMaskTile(D d, int64_t q_begin, int64_t kv_begin,
-                               int64_t num_keys, int64_t offset,
-                               float* HWY_RESTRICT st) {
-  const hn::RebindToSigned<D> di;
-  const size_t N = hn::Lanes(d);
-  const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-  const auto i0 = hn::Iota(di, static_cast<int32_t>(q_begin));
-  const auto i1 = hn::Add(i0, hn::Set(di, static_cast<int32_t>(N)));
-  for (int64_t j = 0; j < num_keys; ++j) {
-    // Query i sees key kv_begin + j iff i >= kv_begin + j - offset; the
-    // driver guarantees that this fits int32.
-    const auto t = hn::Set(di, static_cast<int32_t>(kv_begin + j - offset));
-    float* HWY_RESTRICT row = st + j * kTileCols * N;
-    hn::Store(hn::IfThenElse(hn::RebindMask(d, hn::Lt(i0, t)), neg_inf,
-                             hn::Load(d, row)), d, row);
-    hn::Store(hn::IfThenElse(hn::RebindMask(d, hn::Lt(i1, t)), neg_inf,
-                             hn::Load(d, row + N)), d, row + N);
-  }
-}
-
 // One step of the recurrence for the query vector at lane offset `col` of a
 // transposed tile (row stride kTileCols * Lanes): turns the scores into p_j in
 // place, updates m, l (vectors of this column) and writes alpha. Returns

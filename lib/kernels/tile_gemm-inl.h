@@ -42,17 +42,16 @@ constexpr int kTileCols = 2;
 // scale may be null (no rescale). f32 accumulation, sequential over t, so the
 // result does not depend on how callers split rows.
 //
-// kGuard (P·V of a causal diagonal tile): term t is added to lane i of vector
-// c only when query q_first + c * N + i sees key t, i.e.
-// q_first + c * N + i >= t + key_shift. Hidden terms are skipped, not
-// multiplied by their zero weight: 0 * Inf would make an Inf of V leak into
-// rows that never see it.
+// kGuard (P·V of a tile with hidden keys): terms whose packed value a is 0
+// are skipped, not multiplied: a hidden key has weight exactly 0, and 0 * Inf
+// would make an Inf of V leak into rows that never see it. (A visible key
+// whose weight underflowed to 0 in f32 is skipped too; it adds 0 either way
+// unless its V is Inf/NaN.)
 template <int kRows, bool kAccumulate, bool kGuard, class D>
 HWY_INLINE void TileGemm(D d, const float* HWY_RESTRICT b, int64_t b_row,
                          int64_t b_t, const float* HWY_RESTRICT a, int64_t a_t,
                          int64_t n, const float* HWY_RESTRICT scale,
-                         float* HWY_RESTRICT out, int64_t out_row,
-                         int64_t q_first = 0, int64_t key_shift = 0) {
+                         float* HWY_RESTRICT out, int64_t out_row) {
   static_assert(kRows >= 1 && kRows <= 8, "1 to 8 rows");
   static_assert(kTileCols == 2, "the accumulators below are for 2 vectors");
   const size_t N = hn::Lanes(d);
@@ -75,17 +74,13 @@ HWY_INLINE void TileGemm(D d, const float* HWY_RESTRICT b, int64_t b_row,
     SIMDATTN_LOAD_ROW(6) SIMDATTN_LOAD_ROW(7)
 #undef SIMDATTN_LOAD_ROW
   }
-  const hn::RebindToSigned<D> di;
-  const auto lane0 = hn::Iota(di, static_cast<int32_t>(q_first));
-  const auto lane1 = hn::Add(lane0, hn::Set(di, static_cast<int32_t>(N)));
   for (int64_t t = 0; t < n; ++t) {
     const V x0 = hn::Load(d, a + t * a_t);
     const V x1 = hn::Load(d, a + t * a_t + N);
     const float* HWY_RESTRICT bt = b + t * b_t;
     if (kGuard) {
-      const auto first = hn::Set(di, static_cast<int32_t>(t + key_shift));
-      const auto hide0 = hn::RebindMask(d, hn::Lt(lane0, first));
-      const auto hide1 = hn::RebindMask(d, hn::Lt(lane1, first));
+      const auto hide0 = hn::Eq(x0, hn::Zero(d));
+      const auto hide1 = hn::Eq(x1, hn::Zero(d));
 #define SIMDATTN_FMA_ROW(R)                                                 \
   if (R < kRows) {                                                          \
     const V y = hn::Set(d, bt[R * b_row]);                                  \
@@ -126,18 +121,16 @@ HWY_INLINE void TileGemmRows(D d, int64_t rows, const float* HWY_RESTRICT b,
                              int64_t b_row, int64_t b_t,
                              const float* HWY_RESTRICT a, int64_t a_t,
                              int64_t n, const float* HWY_RESTRICT scale,
-                             float* HWY_RESTRICT out, int64_t out_row,
-                             int64_t q_first = 0, int64_t key_shift = 0) {
+                             float* HWY_RESTRICT out, int64_t out_row) {
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows) {
     TileGemm<kTileRows, kAccumulate, kGuard>(d, b + r * b_row, b_row, b_t, a,
                                              a_t, n, scale, out + r * out_row,
-                                             out_row, q_first, key_shift);
+                                             out_row);
   }
   for (; r < rows; ++r) {
     TileGemm<1, kAccumulate, kGuard>(d, b + r * b_row, b_row, b_t, a, a_t, n,
-                                     scale, out + r * out_row, out_row,
-                                     q_first, key_shift);
+                                     scale, out + r * out_row, out_row);
   }
 }
 

@@ -1,0 +1,134 @@
+// What SEMANTICS.md does to a score between Q·K and the softmax: softcap,
+// ALiBi, explicit masks and the index masks of causal/window. Per-target code
+// on transposed score tiles (include from a foreach_target TU).
+
+#if defined(SIMDATTN_LIB_KERNELS_SCORE_MODS_INL_H_) == \
+    defined(HWY_TARGET_TOGGLE)
+#ifdef SIMDATTN_LIB_KERNELS_SCORE_MODS_INL_H_
+#undef SIMDATTN_LIB_KERNELS_SCORE_MODS_INL_H_
+#else
+#define SIMDATTN_LIB_KERNELS_SCORE_MODS_INL_H_
+#endif
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "lib/dtype.h"
+#include "lib/kernels/tile_gemm-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace simdattn {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Every function works on a transposed tile st of num_keys rows (key
+// kv_begin + j in row j) and kTileCols vectors of queries (query
+// q_begin + c * N + lane), row stride kTileCols * N.
+
+// s = cap * tanh(s / cap) (Gemma 2).
+template <class D>
+HWY_INLINE void SoftcapTile(D d, float cap, int64_t num_keys,
+                            float* HWY_RESTRICT st) {
+  const size_t n = static_cast<size_t>(num_keys) * kTileCols * hn::Lanes(d);
+  const auto vcap = hn::Set(d, cap);
+  const auto inv = hn::Set(d, 1.0f / cap);
+  for (size_t i = 0; i < n; i += hn::Lanes(d)) {
+    const auto s = hn::Load(d, st + i);
+    hn::Store(hn::Mul(vcap, hn::Tanh(d, hn::Mul(s, inv))), d, st + i);
+  }
+}
+
+// s -= slope * |p(i) - j| with p(i) = i + offset. Positions are exact in f32
+// up to 2^24.
+template <class D>
+HWY_INLINE void AlibiTile(D d, float slope, int64_t q_begin, int64_t offset,
+                          int64_t kv_begin, int64_t num_keys,
+                          float* HWY_RESTRICT st) {
+  const size_t N = hn::Lanes(d);
+  const auto vslope = hn::Set(d, slope);
+  const auto p0 = hn::Iota(d, static_cast<float>(q_begin + offset));
+  const auto p1 = hn::Add(p0, hn::Set(d, static_cast<float>(N)));
+  for (int64_t j = 0; j < num_keys; ++j) {
+    const auto key = hn::Set(d, static_cast<float>(kv_begin + j));
+    float* HWY_RESTRICT row = st + j * kTileCols * N;
+    hn::Store(hn::NegMulAdd(vslope, hn::Abs(hn::Sub(p0, key)), hn::Load(d, row)),
+              d, row);
+    hn::Store(hn::NegMulAdd(vslope, hn::Abs(hn::Sub(p1, key)),
+                            hn::Load(d, row + N)),
+              d, row + N);
+  }
+}
+
+// Explicit mask for rows [0, rows) of the block: bool hides where 0; an
+// additive mask adds, and -inf hides even a +inf score (as the reference).
+// Scalar: the mask's query stride is arbitrary (broadcasts are stride 0).
+inline void ExplicitMaskTile(const AttentionArgsF32& a, int64_t b, int64_t h,
+                             int64_t q_begin, int64_t rows, int64_t kv_begin,
+                             int64_t num_keys, int64_t row_stride,
+                             float* HWY_RESTRICT st) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const int64_t base = b * a.mask_strides[0] + h * a.mask_strides[1];
+  for (int64_t j = 0; j < num_keys; ++j) {
+    float* HWY_RESTRICT row = st + j * row_stride;
+    const int64_t col = base + (kv_begin + j) * a.mask_strides[3];
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t at = col + (q_begin + r) * a.mask_strides[2];
+      if (a.mask_kind == 1) {
+        if (static_cast<const uint8_t*>(a.mask)[at] == 0) row[r] = neg_inf;
+        continue;
+      }
+      float add;
+      if (a.mask_kind == 2) {
+        add = static_cast<const float*>(a.mask)[at];
+      } else {
+        add = F16ToF32(static_cast<const uint16_t*>(a.mask)[at]);
+      }
+      row[r] = add == neg_inf ? neg_inf : row[r] + add;
+    }
+  }
+}
+
+// Hides keys outside each query's index window: key j is visible to query i
+// when j - hi_shift <= i (j <= p(i) + right bound) and
+// i <= j - lo_shift (j >= p(i) - left bound). A disabled bound passes
+// has_hi / has_lo = false. Shifts fit int32 (checked by the driver).
+template <class D>
+HWY_INLINE void IndexMaskTile(D d, int64_t q_begin, int64_t kv_begin,
+                              int64_t num_keys, bool has_hi, int64_t hi_shift,
+                              bool has_lo, int64_t lo_shift,
+                              float* HWY_RESTRICT st) {
+  const hn::RebindToSigned<D> di;
+  const size_t N = hn::Lanes(d);
+  const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  const auto i0 = hn::Iota(di, static_cast<int32_t>(q_begin));
+  const auto i1 = hn::Add(i0, hn::Set(di, static_cast<int32_t>(N)));
+  for (int64_t j = 0; j < num_keys; ++j) {
+    const int64_t key = kv_begin + j;
+    // Thresholds beyond int32 mean "no query of this block is affected".
+    const int64_t first = has_hi ? key - hi_shift : INT32_MIN;
+    const int64_t last = has_lo ? key - lo_shift : INT32_MAX;
+    const auto t_first = hn::Set(
+        di, static_cast<int32_t>(first < INT32_MIN ? INT32_MIN
+                                 : first > INT32_MAX ? INT32_MAX : first));
+    const auto t_last = hn::Set(
+        di, static_cast<int32_t>(last < INT32_MIN ? INT32_MIN
+                                 : last > INT32_MAX ? INT32_MAX : last));
+    float* HWY_RESTRICT row = st + j * kTileCols * N;
+    const auto hide0 = hn::Or(hn::Lt(i0, t_first), hn::Gt(i0, t_last));
+    const auto hide1 = hn::Or(hn::Lt(i1, t_first), hn::Gt(i1, t_last));
+    hn::Store(hn::IfThenElse(hn::RebindMask(d, hide0), neg_inf,
+                             hn::Load(d, row)), d, row);
+    hn::Store(hn::IfThenElse(hn::RebindMask(d, hide1), neg_inf,
+                             hn::Load(d, row + N)), d, row + N);
+  }
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace simdattn
+HWY_AFTER_NAMESPACE();
+
+#endif  // SIMDATTN_LIB_KERNELS_SCORE_MODS_INL_H_
