@@ -110,7 +110,11 @@ Status CheckCovered(const Problem& p, const TensorView& q, const TensorView& k,
       (p.q_len > (int64_t{1} << 24) || p.kv_len > (int64_t{1} << 24))) {
     return Unimplemented("ALiBi with a sequence longer than 2^24");
   }
-  if (options.dropout_p > 0.0f) return Unimplemented("dropout");
+  constexpr int64_t kMaxIndex = int64_t{1} << 32;  // Philox counter words
+  if (options.dropout_p > 0.0f &&
+      (p.batch > kMaxIndex || p.q_heads > kMaxIndex || p.q_len > kMaxIndex)) {
+    return Unimplemented("dropout with an index of 2^32 or more");
+  }
   if (p.head_dim_qk > kMaxHeadDim || p.head_dim_v > kMaxHeadDim) {
     return Unimplemented("a head dimension above " +
                          std::to_string(kMaxHeadDim));
@@ -233,6 +237,8 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     args.softcap = options.softcap;
     args.alibi_slopes = options.alibi_slopes;
     args.sinks = options.sinks;
+    args.dropout_p = options.dropout_p;
+    args.dropout_seed = options.dropout_seed;
     args.mask_kind = 0;
     args.mask = nullptr;
     for (int i = 0; i < 4; ++i) args.mask_strides[i] = p.mask_strides[i];

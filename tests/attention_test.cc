@@ -748,7 +748,7 @@ TEST(VariantTest, Combinations) {
         c.options.causal = true;
         c.options.alignment = Alignment::kBottomRight;
         break;
-      case 3:  // everything but dropout
+      case 3:  // everything
         c.options.kv_lengths = lens;
         c.options.causal = true;
         c.options.alignment = Alignment::kBottomRight;
@@ -757,9 +757,103 @@ TEST(VariantTest, Combinations) {
         c.options.alibi_slopes = slopes;
         c.options.softcap = 8.0f;
         c.options.mask = bias.View();
+        c.options.dropout_p = 0.2f;
+        c.options.dropout_seed = 4242;
         break;
     }
     CheckAllTargets(c, MakeInputs(c, 2601 + n++, -1.5f, 1.5f));
+  }
+}
+
+TEST(VariantTest, DropoutMatchesReference) {
+  int n = 0;
+  for (float p : {0.1f, 0.5f, 0.9f}) {
+    for (bool causal : {false, true}) {
+      Case c;
+      c.batch = 2;
+      c.q_heads = 4;
+      c.kv_heads = 2;
+      c.q_len = 29;
+      c.kv_len = 83;
+      c.dk = 16;
+      c.dv = 20;
+      c.options.causal = causal;
+      c.options.dropout_p = p;
+      c.options.dropout_seed = 0x123456789ull + n;
+      CheckAllTargets(c, MakeInputs(c, 2700 + n++));
+    }
+  }
+}
+
+// With V the identity (Lk = Dv) each output row is that row's kept weights:
+// they must be P / (1 - p) or 0, about a fraction 1 - p of them kept, and the
+// keep pattern must move with the seed.
+TEST(VariantTest, DropoutKeepsWeightsScaled) {
+  const int64_t L = 96;
+  const float p = 0.3f;
+  Case c;
+  c.q_len = L;
+  c.kv_len = L;
+  c.dk = 8;
+  c.dv = L;
+  Inputs in = MakeInputs(c, 2800);
+  for (int64_t j = 0; j < L; ++j)
+    for (int64_t e = 0; e < L; ++e) in.v.Set(0, 0, j, e, j == e ? 1.0f : 0.0f);
+  Case plain = c;
+  for (const std::string& target : AvailableTargets()) {
+    SCOPED_TRACE(target);
+    const Outputs base = RunFast(plain, in, target);
+    c.options.dropout_p = p;
+    c.options.dropout_seed = 7;
+    const Outputs d1 = RunFast(c, in, target);
+    c.options.dropout_seed = 8;
+    const Outputs d2 = RunFast(c, in, target);
+    c.options.dropout_p = 0.0f;
+    const Outputs d0 = RunFast(c, in, target);
+    ASSERT_TRUE(base.status.ok() && d1.status.ok() && d2.status.ok() && d0.status.ok());
+    EXPECT_EQ(d0.o.bytes, base.o.bytes);  // p = 0 is no dropout, bit for bit
+    int64_t kept = 0, differ = 0;
+    for (int64_t i = 0; i < L; ++i) {
+      for (int64_t j = 0; j < L; ++j) {
+        const float w = base.o.Get(0, 0, i, j);
+        const float x = d1.o.Get(0, 0, i, j);
+        if (x != 0.0f) {
+          ++kept;
+          EXPECT_NEAR(x, w / (1.0f - p), 1e-6f);
+        }
+        if ((x != 0.0f) != (d2.o.Get(0, 0, i, j) != 0.0f)) ++differ;
+      }
+    }
+    // Binomial(L*L, 0.7): mean 6451, sd 45; 6 sd either way.
+    const double mean = (1.0 - p) * L * L;
+    const double sd = std::sqrt(L * L * p * (1.0 - p));
+    EXPECT_NEAR(static_cast<double>(kept), mean, 6.0 * sd);
+    EXPECT_GT(differ, L * L / 4);  // two seeds: about 42% of decisions differ
+  }
+}
+
+TEST(VariantTest, DropoutBitIdenticalForAnyThreadCount) {
+  Case c;
+  c.batch = 2;
+  c.q_heads = 3;
+  c.q_len = 70;
+  c.kv_len = 130;
+  c.dk = 16;
+  c.dv = 16;
+  c.options.dropout_p = 0.25f;
+  c.options.dropout_seed = 99;
+  c.options.window_left = 50;
+  const Inputs in = MakeInputs(c, 2900);
+  ThreadPool pool1(1), pool3(3);
+  for (const std::string& target : AvailableTargets()) {
+    SCOPED_TRACE(target);
+    ExecutionOptions e1, e3;
+    e1.pool = &pool1;
+    e3.pool = &pool3;
+    const Outputs o1 = RunFast(c, in, target, e1);
+    const Outputs o3 = RunFast(c, in, target, e3);
+    ASSERT_TRUE(o1.status.ok() && o3.status.ok());
+    EXPECT_EQ(o1.o.bytes, o3.o.bytes);
   }
 }
 

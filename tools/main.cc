@@ -136,7 +136,118 @@ struct RunArgs {
   bool threads_given = false;
   std::string target;
   bool verbose = false;
+  // Variant options, kept as text and parsed here (see ParseInt64 and
+  // friends) so that every bad value gets a message naming its option.
+  std::string mask;
+  std::string kv_lens;
+  std::string window_left;
+  std::string window_right;
+  std::string softcap;
+  std::string alibi_slopes;
+  std::string sinks;
+  std::string dropout;
+  std::string seed;
+  bool mask_given = false;
+  bool kv_lens_given = false;
+  bool window_left_given = false;
+  bool window_right_given = false;
+  bool softcap_given = false;
+  bool alibi_slopes_given = false;
+  bool sinks_given = false;
+  bool dropout_given = false;
+  bool seed_given = false;
 };
+
+// ------------------------------------------------------------ numbers
+
+// Parses a decimal integer: an optional '-' (when `allow_negative`) and one or
+// more digits, nothing else (no spaces, '+', hex or exponent), within int64.
+bool ParseInt64(const std::string& flag, const std::string& text,
+                bool allow_negative, int64_t* out, std::string* error) {
+  const bool negative = !text.empty() && text[0] == '-';
+  const size_t first = negative ? 1 : 0;
+  bool digits = text.size() > first;
+  for (size_t i = first; i < text.size(); ++i) {
+    if (text[i] < '0' || text[i] > '9') digits = false;
+  }
+  if (!digits || (negative && !allow_negative)) {
+    *error = flag + " must be " +
+             (allow_negative ? "an integer" : "a non-negative integer") +
+             ", got '" + text + "'";
+    return false;
+  }
+  errno = 0;
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (errno == ERANGE || *end != '\0') {
+    *error = flag + " is out of range, got '" + text + "'";
+    return false;
+  }
+  *out = static_cast<int64_t>(value);
+  return true;
+}
+
+// Parses a decimal uint64 (digits only).
+bool ParseUint64(const std::string& flag, const std::string& text,
+                 uint64_t* out, std::string* error) {
+  bool digits = !text.empty();
+  for (char c : text) {
+    if (c < '0' || c > '9') digits = false;
+  }
+  if (!digits) {
+    *error = flag + " must be a non-negative integer, got '" + text + "'";
+    return false;
+  }
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  if (errno == ERANGE || *end != '\0') {
+    *error = flag + " must be at most 18446744073709551615, got '" + text +
+             "'";
+    return false;
+  }
+  *out = static_cast<uint64_t>(value);
+  return true;
+}
+
+// Parses a number (as strtod reads it) and rounds it to float; the whole
+// text must be consumed.
+bool ParseFloat(const std::string& flag, const std::string& text, float* out,
+                std::string* error) {
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(begin, &end);
+  if (text.empty() || end == begin || *end != '\0') {
+    *error = flag + " must be a number, got '" + text + "'";
+    return false;
+  }
+  *out = static_cast<float>(value);
+  return true;
+}
+
+// Parses "a,b,..." into integers, each strictly as ParseInt64 (negative
+// values are let through here and range-checked once Lk is known).
+bool ParseIntList(const std::string& flag, const std::string& text,
+                  std::vector<int64_t>* out, std::string* error) {
+  out->clear();
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string item = text.substr(
+        start, comma == std::string::npos ? std::string::npos : comma - start);
+    int64_t value;
+    if (!ParseInt64(flag, item, /*allow_negative=*/true, &value, error)) {
+      *error = flag + " must be a comma-separated list of integers, got '" +
+               text + "' (bad item '" + item + "')";
+      return false;
+    }
+    out->push_back(value);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return true;
+}
 
 bool ParseAlignment(const std::string& flag, const std::string& text,
                     Alignment* out, std::string* error) {
@@ -171,6 +282,95 @@ bool LoadInput(const std::string& flag, const std::string& path,
   if (array->shape.size() != 4) {
     *error = path + ": " + flag + " must be a 4-D array, got shape " +
              npy::ShapeString(array->shape);
+    return false;
+  }
+  return true;
+}
+
+// A mask file and the view of it that Attention() reads.
+struct MaskInput {
+  npy::Array array;
+  TensorView view;
+};
+
+// Loads --mask: '|b1' (1 = attend) or additive '<f4' / '<f2' ('<f2' is
+// widened exactly to f32), of any shape that broadcasts to `full` =
+// [B, Hq, Lq, Lk] by NumPy rules. The view has the shape padded on the left
+// with 1s (extent 1 broadcasts) and dense row-major strides; the mask is in
+// logical [B, Hq, Lq, Lk] order whatever the layout of Q, K and V.
+bool LoadMask(const std::string& path, const int64_t full[4], MaskInput* mask,
+              std::string* error) {
+  const std::string flag = "--mask";
+  if (!npy::Read(path, &mask->array, error)) {
+    *error = flag + ": " + *error;
+    return false;
+  }
+  const npy::Array& a = mask->array;
+  DType dtype;
+  const void* data;
+  switch (a.type) {
+    case npy::ElementType::kBool:
+      dtype = DType::kBool;
+      data = a.bytes.data();
+      break;
+    case npy::ElementType::kF32:
+    case npy::ElementType::kF16:
+      dtype = DType::kF32;
+      data = a.f32.data();
+      break;
+    default:
+      *error = flag + ": " + path + ": dtype '" + a.descr +
+               "' is not supported (use '|b1' (1 = attend), or additive "
+               "'<f4' or '<f2')";
+      return false;
+  }
+  const std::string target =
+      "[B, Hq, Lq, Lk] = " + npy::ShapeString({full[0], full[1], full[2],
+                                               full[3]});
+  const size_t rank = a.shape.size();
+  if (rank > 4) {
+    *error = flag + ": " + path + ": shape " + npy::ShapeString(a.shape) +
+             " has more than 4 dimensions; it must broadcast to " + target;
+    return false;
+  }
+  int64_t shape[4] = {1, 1, 1, 1};
+  for (size_t i = 0; i < rank; ++i) shape[4 - rank + i] = a.shape[i];
+  for (int i = 0; i < 4; ++i) {
+    if (shape[i] != 1 && shape[i] != full[i]) {
+      *error = flag + ": " + path + ": shape " + npy::ShapeString(a.shape) +
+               " does not broadcast to " + target +
+               " (dimensions align from the right; each must be 1 or equal)";
+      return false;
+    }
+  }
+  TensorView& v = mask->view;
+  v.data = data;
+  v.dtype = dtype;
+  int64_t stride = 1;
+  for (int i = 3; i >= 0; --i) {
+    v.shape[i] = shape[i];
+    v.strides[i] = shape[i] == 1 ? 0 : stride;
+    stride *= shape[i];
+  }
+  return true;
+}
+
+// Loads a 1-D '<f4' array of `heads` values for `flag` (--alibi-slopes,
+// --sinks).
+bool LoadPerHead(const std::string& flag, const std::string& path,
+                 int64_t heads, npy::Array* array, std::string* error) {
+  if (!npy::Read(path, array, error)) {
+    *error = flag + ": " + *error;
+    return false;
+  }
+  if (array->type != npy::ElementType::kF32) {
+    *error = flag + ": " + path + ": dtype '" + array->descr +
+             "' is not supported (use '<f4')";
+    return false;
+  }
+  if (array->shape.size() != 1 || array->shape[0] != heads) {
+    *error = flag + ": " + path + ": shape " + npy::ShapeString(array->shape) +
+             " must be (Hq,) = (" + std::to_string(heads) + ",)";
     return false;
   }
   return true;
@@ -268,7 +468,12 @@ bool CheckOutputs(const RunArgs& args, std::string* error) {
     const char* flag;
     const std::string* path;
   };
-  const Named inputs[] = {{"--q", &args.q}, {"--k", &args.k}, {"--v", &args.v}};
+  const Named inputs[] = {{"--q", &args.q},
+                          {"--k", &args.k},
+                          {"--v", &args.v},
+                          {"--mask", &args.mask},
+                          {"--alibi-slopes", &args.alibi_slopes},
+                          {"--sinks", &args.sinks}};
   const std::pair<Named, const PathEntry*> outputs[] = {
       {{"--out", &args.out}, &out}, {{"--lse", &args.lse}, &lse}};
   for (const auto& o : outputs) {
@@ -280,6 +485,60 @@ bool CheckOutputs(const RunArgs& args, std::string* error) {
                  *in.path + "'; inputs are never overwritten";
         return false;
       }
+    }
+  }
+  return true;
+}
+
+// Parses the variant options given as text (everything but the files, and
+// the checks that need the shapes) into `options` and `kv_lens`.
+bool ParseVariantText(const RunArgs& args, AttentionOptions* options,
+                      std::vector<int64_t>* kv_lens, std::string* error) {
+  if (args.kv_lens_given &&
+      !ParseIntList("--kv-lens", args.kv_lens, kv_lens, error)) {
+    return false;
+  }
+  if (args.window_left_given &&
+      !ParseInt64("--window-left", args.window_left, /*allow_negative=*/true,
+                  &options->window_left, error)) {
+    return false;
+  }
+  if (args.window_right_given &&
+      !ParseInt64("--window-right", args.window_right,
+                  /*allow_negative=*/true, &options->window_right, error)) {
+    return false;
+  }
+  if (args.softcap_given) {
+    float c;
+    if (!ParseFloat("--softcap", args.softcap, &c, error)) return false;
+    if (!std::isfinite(c) || c < 0.0f) {
+      *error = "--softcap must be finite and >= 0, got '" + args.softcap + "'";
+      return false;
+    }
+    options->softcap = c;
+  }
+  if (args.dropout_given) {
+    float p;
+    if (!ParseFloat("--dropout", args.dropout, &p, error)) return false;
+    // Checked after rounding to float: 0.9999999999 rounds to 1.
+    if (!(p >= 0.0f && p < 1.0f)) {
+      *error = "--dropout must be in [0, 1), got '" + args.dropout + "'";
+      return false;
+    }
+    options->dropout_p = p;
+  }
+  if (args.seed_given &&
+      !ParseUint64("--seed", args.seed, &options->dropout_seed, error)) {
+    return false;
+  }
+  const std::pair<const char*, bool> paths[] = {
+      {"--mask", args.mask_given && args.mask.empty()},
+      {"--alibi-slopes", args.alibi_slopes_given && args.alibi_slopes.empty()},
+      {"--sinks", args.sinks_given && args.sinks.empty()}};
+  for (const auto& p : paths) {
+    if (p.second) {
+      *error = std::string(p.first) + ": empty path";
+      return false;
     }
   }
   return true;
@@ -329,6 +588,10 @@ int RunAttention(const RunArgs& args) {
     return Error("--threads must be in 1.." + std::to_string(kMaxThreads) +
                  ", got " + std::to_string(args.threads));
   }
+  std::vector<int64_t> kv_lens;
+  if (!ParseVariantText(args, &options, &kv_lens, &error)) {
+    return Error(error);
+  }
   if (!CheckOutputs(args, &error)) return Error(error);
   if (!args.target.empty()) {
     const Status s = SetMaxTarget(args.target.c_str());
@@ -354,6 +617,43 @@ int RunAttention(const RunArgs& args) {
   const TensorView qv = make_view(q, lq);
   const TensorView kv = make_view(k, lk);
   const TensorView vv = make_view(v, lv);
+
+  // Variant inputs, checked against the logical shapes of Q and K (which
+  // Attention() checks against each other).
+  const int64_t full[4] = {lq[0], lq[1], lq[2], lk[2]};
+  if (args.kv_lens_given) {
+    if (static_cast<int64_t>(kv_lens.size()) != full[0]) {
+      return Error("--kv-lens has " + std::to_string(kv_lens.size()) +
+                   " values, expected B = " + std::to_string(full[0]));
+    }
+    for (size_t i = 0; i < kv_lens.size(); ++i) {
+      if (kv_lens[i] < 0 || kv_lens[i] > full[3]) {
+        return Error("--kv-lens value " + std::to_string(i) + " is " +
+                     std::to_string(kv_lens[i]) + ", must be in [0, Lk = " +
+                     std::to_string(full[3]) + "]");
+      }
+    }
+    options.kv_lengths = kv_lens.data();
+  }
+  MaskInput mask;
+  if (args.mask_given) {
+    if (!LoadMask(args.mask, full, &mask, &error)) return Error(error);
+    options.mask = mask.view;
+  }
+  npy::Array alibi, sinks;
+  if (args.alibi_slopes_given) {
+    if (!LoadPerHead("--alibi-slopes", args.alibi_slopes, full[1], &alibi,
+                     &error)) {
+      return Error(error);
+    }
+    options.alibi_slopes = alibi.f32.data();
+  }
+  if (args.sinks_given) {
+    if (!LoadPerHead("--sinks", args.sinks, full[1], &sinks, &error)) {
+      return Error(error);
+    }
+    options.sinks = sinks.f32.data();
+  }
 
   // O is [B, Hq, Lq, Dv]; its extents come from Q and V, which Attention()
   // checks against each other before writing anything.
@@ -454,8 +754,9 @@ int Main(int argc, char** argv) {
       "info", "Print CPU features and the compiled, available and selected "
               "targets (SIMDATTN_MAX_TARGET caps the selection).");
   CLI::App* run = app.add_subcommand(
-      "run", "Compute O = softmax(scale * Q K^T) V on 4-D .npy arrays "
-             "('<f4' or '<f2').");
+      "run", "Compute O = softmax(scale * Q K^T + options) V on 4-D .npy "
+             "arrays ('<f4' or '<f2'); docs/SEMANTICS.md defines every "
+             "option.");
   RunArgs args;
   run->add_option("--q", args.q, "Q.npy: [B,Hq,Lq,Dk] (bhsd) or [B,Lq,Hq,Dk]")
       ->required();
@@ -475,7 +776,38 @@ int Main(int argc, char** argv) {
   run->add_option("--causal", args.causal,
                   "causal mask with alignment top-left or bottom-right");
   run->add_option("--align", args.align,
-                  "query alignment (top-left or bottom-right) when not causal");
+                  "query alignment (top-left or bottom-right) when not causal; "
+                  "used by --window-left/right and --alibi-slopes");
+  CLI::Option* mask_opt = run->add_option(
+      "--mask", args.mask,
+      "M.npy: '|b1' (1 = attend) or additive '<f4'/'<f2' mask of any shape "
+      "that broadcasts to [B,Hq,Lq,Lk] (NumPy rules; logical order in "
+      "either layout)");
+  CLI::Option* kv_lens_opt = run->add_option(
+      "--kv-lens", args.kv_lens,
+      "a,b,...: B valid key counts in [0, Lk]; later keys are hidden");
+  CLI::Option* window_left_opt = run->add_option(
+      "--window-left", args.window_left,
+      "sliding window: keys j >= p(i) - N are visible (negative: "
+      "unbounded; p(i) from --causal or --align)");
+  CLI::Option* window_right_opt = run->add_option(
+      "--window-right", args.window_right,
+      "sliding window: keys j <= p(i) + N are visible (negative: "
+      "unbounded)");
+  CLI::Option* softcap_opt = run->add_option(
+      "--softcap", args.softcap,
+      "logit softcap C: s = C * tanh(s / C); finite, >= 0 (0 = off)");
+  CLI::Option* alibi_opt = run->add_option(
+      "--alibi-slopes", args.alibi_slopes,
+      "A.npy: '<f4' of shape (Hq,); s -= A[h] * |p(i) - j|");
+  CLI::Option* sinks_opt = run->add_option(
+      "--sinks", args.sinks,
+      "S.npy: '<f4' of shape (Hq,); sink logits that only enlarge the "
+      "softmax denominator");
+  CLI::Option* dropout_opt = run->add_option(
+      "--dropout", args.dropout, "dropout probability P in [0, 1) (0 = off)");
+  CLI::Option* seed_opt = run->add_option(
+      "--seed", args.seed, "dropout seed, an integer in [0, 2^64) (default 0)");
   CLI::Option* threads_opt =
       run->add_option("--threads", args.threads, "worker threads (1..1024)");
   run->add_option("--target", args.target,
@@ -496,6 +828,15 @@ int Main(int argc, char** argv) {
   }
   args.threads_given = threads_opt->count() > 0;
   args.lse_given = lse_opt->count() > 0;
+  args.mask_given = mask_opt->count() > 0;
+  args.kv_lens_given = kv_lens_opt->count() > 0;
+  args.window_left_given = window_left_opt->count() > 0;
+  args.window_right_given = window_right_opt->count() > 0;
+  args.softcap_given = softcap_opt->count() > 0;
+  args.alibi_slopes_given = alibi_opt->count() > 0;
+  args.sinks_given = sinks_opt->count() > 0;
+  args.dropout_given = dropout_opt->count() > 0;
+  args.seed_given = seed_opt->count() > 0;
   if (info->parsed()) return PrintInfo();
   if (run->parsed()) return RunAttention(args);
   return Error("no subcommand");

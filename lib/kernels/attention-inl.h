@@ -172,6 +172,9 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
                     offset - left, st);
     }
     const bool rescale = SoftmaxTile(d, st, nk, m, l, alpha);
+    if (a.dropout_p > 0.0f) {
+      DropoutTile(a, b, h, q_begin, rows, kv_begin, nk, mq, st);
+    }
     // O^T: rows are value dims (broadcast along the keys), reduction over the
     // tile's keys; the old O^T is rescaled by alpha on the way in.
     const float* scale = rescale ? alpha : nullptr;

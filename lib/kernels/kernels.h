@@ -36,6 +36,8 @@ struct AttentionArgsF32 {
   float softcap;               // 0: off
   const float* alibi_slopes;   // [q_heads]
   const float* sinks;          // [q_heads]
+  float dropout_p;             // 0: off
+  uint64_t dropout_seed;
   // Explicit mask: kind 0 = none, 1 = bool (uint8, 0 hides), 2 = additive
   // f32, 3 = additive f16; strides in elements, 0 on broadcast dimensions.
   int mask_kind;

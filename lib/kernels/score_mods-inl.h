@@ -17,6 +17,8 @@
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "lib/dtype.h"
+#include "lib/kernels/kernels.h"
+#include "lib/philox.h"
 #include "lib/kernels/tile_gemm-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -123,6 +125,43 @@ HWY_INLINE void IndexMaskTile(D d, int64_t q_begin, int64_t kv_begin,
                              hn::Load(d, row)), d, row);
     hn::Store(hn::IfThenElse(hn::RebindMask(d, hide1), neg_inf,
                              hn::Load(d, row + N)), d, row + N);
+  }
+}
+
+// Dropout on the weights of a tile (after the softmax recurrence consumed
+// them, so l and LSE are unaffected): kept weights are divided by 1 - p,
+// dropped ones become -0.0. The sign tells the P·V guard (which skips +0.0,
+// the weight of a hidden key) that a dropped key is visible: like the
+// reference, it still multiplies its V row, so Inf/NaN there propagates.
+// keep(b, h, i, j) is the Philox4x32-10 draw of DropoutKeep (reference.h):
+// counter (j / 4, i, h, b), word j % 4, so it depends on nothing but the
+// indices. Scalar: one Philox call per 4 keys of a row.
+inline void DropoutTile(const AttentionArgsF32& a, int64_t b, int64_t h,
+                        int64_t q_begin, int64_t rows, int64_t kv_begin,
+                        int64_t num_keys, int64_t row_stride,
+                        float* HWY_RESTRICT st) {
+  const Philox4x32Key key = {{static_cast<uint32_t>(a.dropout_seed),
+                              static_cast<uint32_t>(a.dropout_seed >> 32)}};
+  const uint64_t threshold = static_cast<uint64_t>(
+      static_cast<double>(a.dropout_p) * 4294967296.0);
+  const float inv_keep = static_cast<float>(1.0 / (1.0 - a.dropout_p));
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint32_t i = static_cast<uint32_t>(q_begin + r);
+    int64_t j = 0;
+    while (j < num_keys) {
+      const int64_t key_index = kv_begin + j;
+      const Philox4x32Counter counter = {
+          {static_cast<uint32_t>(key_index / 4), i, static_cast<uint32_t>(h),
+           static_cast<uint32_t>(b)}};
+      const Philox4x32Counter draw = Philox4x32_10(counter, key);
+      // The keys of this draw that fall in the tile.
+      for (int64_t w = key_index % 4; w < 4 && j < num_keys; ++w, ++j) {
+        float& p = st[j * row_stride + r];
+        if (p == 0.0f) continue;  // hidden (+0.0) stays hidden
+        p = static_cast<uint64_t>(draw.v[w]) >= threshold ? p * inv_keep
+                                                           : -0.0f;
+      }
+    }
   }
 }
 

@@ -42,11 +42,12 @@ constexpr int kTileCols = 2;
 // scale may be null (no rescale). f32 accumulation, sequential over t, so the
 // result does not depend on how callers split rows.
 //
-// kGuard (P·V of a tile with hidden keys): terms whose packed value a is 0
-// are skipped, not multiplied: a hidden key has weight exactly 0, and 0 * Inf
-// would make an Inf of V leak into rows that never see it. (A visible key
-// whose weight underflowed to 0 in f32 is skipped too; it adds 0 either way
-// unless its V is Inf/NaN.)
+// kGuard (P·V of a tile with hidden keys): terms whose packed value a is
+// +0.0 are skipped, not multiplied: a hidden key has weight exactly +0.0, and
+// 0 * Inf would make an Inf of V leak into rows that never see it. (A visible
+// key whose weight underflowed to +0.0 in f32 is skipped too; it adds 0
+// either way unless its V is Inf/NaN. Dropped keys carry -0.0 and are
+// multiplied.)
 template <int kRows, bool kAccumulate, bool kGuard, class D>
 HWY_INLINE void TileGemm(D d, const float* HWY_RESTRICT b, int64_t b_row,
                          int64_t b_t, const float* HWY_RESTRICT a, int64_t a_t,
@@ -79,8 +80,9 @@ HWY_INLINE void TileGemm(D d, const float* HWY_RESTRICT b, int64_t b_row,
     const V x1 = hn::Load(d, a + t * a_t + N);
     const float* HWY_RESTRICT bt = b + t * b_t;
     if (kGuard) {
-      const auto hide0 = hn::Eq(x0, hn::Zero(d));
-      const auto hide1 = hn::Eq(x1, hn::Zero(d));
+      const hn::RebindToUnsigned<D> du;
+      const auto hide0 = hn::RebindMask(d, hn::Eq(hn::BitCast(du, x0), hn::Zero(du)));
+      const auto hide1 = hn::RebindMask(d, hn::Eq(hn::BitCast(du, x1), hn::Zero(du)));
 #define SIMDATTN_FMA_ROW(R)                                                 \
   if (R < kRows) {                                                          \
     const V y = hn::Set(d, bt[R * b_row]);                                  \
