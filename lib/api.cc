@@ -100,9 +100,7 @@ Status CheckCovered(const Problem& p, const TensorView& q, const TensorView& k,
   if (q.dtype != DType::kF32) {
     return Unimplemented(std::string("q.dtype = ") + DTypeName(q.dtype));
   }
-  if (k.dtype != DType::kF32) {
-    return Unimplemented(std::string("k/v dtype = ") + DTypeName(k.dtype));
-  }
+
   if (o.dtype != DType::kF32) {
     return Unimplemented(std::string("o.dtype = ") + DTypeName(o.dtype));
   }
@@ -217,9 +215,10 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     args.head_dim_v = p.head_dim_v;
     args.q = static_cast<const float*>(q.data);
     CopyStrides3(q.strides, args.q_strides);
-    args.k = static_cast<const float*>(k.data);
+    args.kv_type = k.dtype == DType::kF32 ? 0 : k.dtype == DType::kF16 ? 1 : 2;
+    args.k = k.data;
     CopyStrides3(k.strides, args.k_strides);
-    args.v = static_cast<const float*>(v.data);
+    args.v = v.data;
     CopyStrides3(v.strides, args.v_strides);
     args.o = static_cast<float*>(o.data);
     CopyStrides3(o.strides, args.o_strides);

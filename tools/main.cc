@@ -25,6 +25,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "lib/dtype.h"
 #include "simdattn/attention.h"
 #include "tools/npy.h"
 
@@ -136,6 +137,11 @@ struct RunArgs {
   bool threads_given = false;
   std::string target;
   bool verbose = false;
+  // Storage types: --dtype for Q, K, V and O, --kv-dtype for K and V only.
+  std::string dtype;
+  std::string kv_dtype;
+  bool dtype_given = false;
+  bool kv_dtype_given = false;
   // Variant options, kept as text and parsed here (see ParseInt64 and
   // friends) so that every bad value gets a message naming its option.
   std::string mask;
@@ -260,6 +266,62 @@ bool ParseAlignment(const std::string& flag, const std::string& text,
     return false;
   }
   return true;
+}
+
+// Parses a storage type name for `flag` (--dtype, --kv-dtype).
+bool ParseStorageType(const std::string& flag, const std::string& text,
+                      DType* out, std::string* error) {
+  if (text == "f32") {
+    *out = DType::kF32;
+  } else if (text == "f16") {
+    *out = DType::kF16;
+  } else if (text == "bf16") {
+    *out = DType::kBF16;
+  } else {
+    *error = flag + " must be f32, f16 or bf16, got '" + text + "'";
+    return false;
+  }
+  return true;
+}
+
+// The storage types of Q and O (`qo`) and of K and V (`kv`) from --dtype and
+// --kv-dtype: --dtype sets all four, --kv-dtype sets K and V when --dtype is
+// f32 (or absent); a non-f32 --dtype with a different --kv-dtype conflicts.
+bool ParseStorageTypes(const RunArgs& args, DType* qo, DType* kv,
+                       std::string* error) {
+  *qo = DType::kF32;
+  *kv = DType::kF32;
+  if (args.dtype_given && !ParseStorageType("--dtype", args.dtype, qo, error)) {
+    return false;
+  }
+  *kv = *qo;
+  if (args.kv_dtype_given) {
+    DType k;
+    if (!ParseStorageType("--kv-dtype", args.kv_dtype, &k, error)) {
+      return false;
+    }
+    if (*qo != DType::kF32 && k != *qo) {
+      *error = "--dtype " + args.dtype + " conflicts with --kv-dtype " +
+               args.kv_dtype + " (--dtype sets K and V too; give the same "
+               "type, or --dtype f32 for f32 Q and O)";
+      return false;
+    }
+    *kv = k;
+  }
+  return true;
+}
+
+// `count` f32 values rounded to `dtype` (kF16 or kBF16), round to nearest
+// even. Out of memory throws std::bad_alloc (main() reports it, exit 2).
+void RoundTo16(DType dtype, const float* values, size_t count,
+               std::vector<uint16_t>* out) {
+  out->resize(count);
+  uint16_t* dst = out->data();
+  if (dtype == DType::kF16) {
+    for (size_t i = 0; i < count; ++i) dst[i] = F32ToF16(values[i]);
+  } else {
+    for (size_t i = 0; i < count; ++i) dst[i] = F32ToBF16(values[i]);
+  }
 }
 
 // Loads a 4-D floating-point array for `flag`.
@@ -592,6 +654,10 @@ int RunAttention(const RunArgs& args) {
   if (!ParseVariantText(args, &options, &kv_lens, &error)) {
     return Error(error);
   }
+  DType qo_type, kv_type;
+  if (!ParseStorageTypes(args, &qo_type, &kv_type, &error)) {
+    return Error(error);
+  }
   if (!CheckOutputs(args, &error)) return Error(error);
   if (!args.target.empty()) {
     const Status s = SetMaxTarget(args.target.c_str());
@@ -609,14 +675,25 @@ int RunAttention(const RunArgs& args) {
     const std::vector<int64_t>& s = a.shape;
     return bshd ? std::vector<int64_t>{s[0], s[2], s[1], s[3]} : s;
   };
-  auto make_view = [bshd](const npy::Array& a, const std::vector<int64_t>& l) {
-    return bshd ? MakeBSHD(a.f32.data(), DType::kF32, l[0], l[1], l[2], l[3])
-                : MakeBHSD(a.f32.data(), DType::kF32, l[0], l[1], l[2], l[3]);
+  // Inputs are rounded to their storage type (round to nearest even) into
+  // 16-bit copies in the file's element order, so the views keep the file's
+  // layout.
+  std::vector<uint16_t> q16, k16, v16;
+  auto make_view = [bshd](const npy::Array& a, DType dtype,
+                          std::vector<uint16_t>* rounded,
+                          const std::vector<int64_t>& l) {
+    const void* data = a.f32.data();
+    if (dtype != DType::kF32) {
+      RoundTo16(dtype, a.f32.data(), a.f32.size(), rounded);
+      data = rounded->data();
+    }
+    return bshd ? MakeBSHD(data, dtype, l[0], l[1], l[2], l[3])
+                : MakeBHSD(data, dtype, l[0], l[1], l[2], l[3]);
   };
   const std::vector<int64_t> lq = logical(q), lk = logical(k), lv = logical(v);
-  const TensorView qv = make_view(q, lq);
-  const TensorView kv = make_view(k, lk);
-  const TensorView vv = make_view(v, lv);
+  const TensorView qv = make_view(q, qo_type, &q16, lq);
+  const TensorView kv = make_view(k, kv_type, &k16, lk);
+  const TensorView vv = make_view(v, kv_type, &v16, lv);
 
   // Variant inputs, checked against the logical shapes of Q and K (which
   // Attention() checks against each other).
@@ -676,12 +753,21 @@ int RunAttention(const RunArgs& args) {
   if (!args.lse.empty()) {
     lse.reset(new (std::nothrow) float[static_cast<size_t>(lse_count) + 1]);
   }
-  if (o == nullptr || (!args.lse.empty() && lse == nullptr)) {
+  // A 16-bit O is computed in its storage type and widened (exactly) to f32
+  // for the '<f4' file.
+  std::unique_ptr<uint16_t[]> o16;
+  if (qo_type != DType::kF32) {
+    o16.reset(new (std::nothrow) uint16_t[static_cast<size_t>(o_count) + 1]);
+  }
+  if (o == nullptr || (!args.lse.empty() && lse == nullptr) ||
+      (qo_type != DType::kF32 && o16 == nullptr)) {
     return Error("out of memory allocating the output");
   }
+  void* o_data = o16 != nullptr ? static_cast<void*>(o16.get())
+                                : static_cast<void*>(o.get());
   const MutableTensorView ov =
-      bshd ? MakeBSHD(o.get(), DType::kF32, b, hq, seq_q, dv)
-           : MakeBHSD(o.get(), DType::kF32, b, hq, seq_q, dv);
+      bshd ? MakeBSHD(o_data, qo_type, b, hq, seq_q, dv)
+           : MakeBHSD(o_data, qo_type, b, hq, seq_q, dv);
   MutableTensorView lsev;
   if (lse != nullptr) lsev = MakeBHSD(lse.get(), DType::kF32, b, hq, seq_q, 1);
 
@@ -706,6 +792,13 @@ int RunAttention(const RunArgs& args) {
                  "[B, L, H, D])";
     }
     return Error(message);
+  }
+  if (o16 != nullptr) {
+    // Dense in the file's element order, like the f32 buffer.
+    const size_t n = static_cast<size_t>(o_count);
+    for (size_t i = 0; i < n; ++i) {
+      o[i] = qo_type == DType::kF16 ? F16ToF32(o16[i]) : BF16ToF32(o16[i]);
+    }
   }
 
   // Prepare both files completely before replacing either destination, and
@@ -812,6 +905,14 @@ int Main(int argc, char** argv) {
       run->add_option("--threads", args.threads, "worker threads (1..1024)");
   run->add_option("--target", args.target,
                   "cap the code path (a name from `simdattn info`)");
+  CLI::Option* dtype_opt = run->add_option(
+      "--dtype", args.dtype,
+      "f32 (default), f16 or bf16: storage type of Q, K, V and O (inputs "
+      "rounded to it, O widened to '<f4' when written)");
+  CLI::Option* kv_dtype_opt = run->add_option(
+      "--kv-dtype", args.kv_dtype,
+      "f32 (default), f16 or bf16: storage type of K and V only (inputs "
+      "rounded to it); with a non-f32 --dtype it must agree");
   run->add_flag("--verbose", args.verbose,
                 "print the target that ran on stderr");
 
@@ -837,6 +938,8 @@ int Main(int argc, char** argv) {
   args.sinks_given = sinks_opt->count() > 0;
   args.dropout_given = dropout_opt->count() > 0;
   args.seed_given = seed_opt->count() > 0;
+  args.dtype_given = dtype_opt->count() > 0;
+  args.kv_dtype_given = kv_dtype_opt->count() > 0;
   if (info->parsed()) return PrintInfo();
   if (run->parsed()) return RunAttention(args);
   return Error("no subcommand");

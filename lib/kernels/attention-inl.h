@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "hwy/highway.h"
+#include "lib/kernels/convert-inl.h"
 #include "lib/kernels/kernels.h"
 #include "lib/kernels/online_softmax-inl.h"
 #include "lib/kernels/score_mods-inl.h"
@@ -51,7 +52,7 @@ inline int64_t QueryBlockRowsImpl() {
 
 // Scratch layout of one task (floats, each region kScratchAlign-aligned).
 struct ScratchLayout {
-  int64_t qt, st, acc, m, l, alpha, total;
+  int64_t qt, st, acc, m, l, alpha, ktile, vtile, total;
 };
 
 inline ScratchLayout MakeLayout(int64_t head_dim_qk, int64_t head_dim_v) {
@@ -69,6 +70,9 @@ inline ScratchLayout MakeLayout(int64_t head_dim_qk, int64_t head_dim_v) {
   s.m = take(mq);
   s.l = take(mq);
   s.alpha = take(mq);
+  // f32 copies of one K and V tile when K/V are stored in 16 bits.
+  s.ktile = take(kKeyTile * head_dim_qk);
+  s.vtile = take(kKeyTile * head_dim_v);
   s.total = at;
   return s;
 }
@@ -77,7 +81,7 @@ inline size_t ScratchFloatsImpl(int64_t head_dim_qk, int64_t head_dim_v) {
   return static_cast<size_t>(MakeLayout(head_dim_qk, head_dim_v).total);
 }
 
-// Contract: args validated by the driver (f32, unit stride along the head
+// Contract: args validated by the driver (f32 Q/O, f32/f16/bf16 K/V, unit stride along the head
 // dims, q_len/kv_len < 2^31 - 1, head dims >= 1); scratch 256-byte aligned
 // with ScratchFloatsImpl() floats. Writes rows [q_begin, q_begin + rows) of
 // one (batch, head) of O and LSE and nothing else.
@@ -108,8 +112,14 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
   const int64_t dv = a.head_dim_v;
 
   const float* q = a.q + b * a.q_strides[0] + h * a.q_strides[1];
-  const float* k = a.k + b * a.k_strides[0] + hkv * a.k_strides[1];
-  const float* v = a.v + b * a.v_strides[0] + hkv * a.v_strides[1];
+  const KvType kv_type = static_cast<KvType>(a.kv_type);
+  const int64_t kv_size = kv_type == KvType::kF32 ? 4 : 2;
+  const char* k = static_cast<const char*>(a.k) +
+                  (b * a.k_strides[0] + hkv * a.k_strides[1]) * kv_size;
+  const char* v = static_cast<const char*>(a.v) +
+                  (b * a.v_strides[0] + hkv * a.v_strides[1]) * kv_size;
+  float* HWY_RESTRICT ktile = scratch + lay.ktile;
+  float* HWY_RESTRICT vtile = scratch + lay.vtile;
 
   // Pack the block transposed and scaled: qt[i][r] = scale * q[q_begin + r][i].
   // Rows past q_len are zero; their results are never stored.
@@ -152,11 +162,29 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
   const bool score_mods = a.softcap > 0.0f || a.alibi_slopes != nullptr;
   for (int64_t kv_begin = kv_start; kv_begin < kv_end; kv_begin += kKeyTile) {
     const int64_t nk = std::min(kKeyTile, kv_end - kv_begin);
-    const float* kt = k + kv_begin * a.k_strides[2];
-    const float* vt = v + kv_begin * a.v_strides[2];
+    const float* kt;
+    const float* vt;
+    int64_t k_row, v_row;  // f32 row strides of the tiles
+    if (kv_type == KvType::kF32) {
+      kt = reinterpret_cast<const float*>(k) + kv_begin * a.k_strides[2];
+      vt = reinterpret_cast<const float*>(v) + kv_begin * a.v_strides[2];
+      k_row = a.k_strides[2];
+      v_row = a.v_strides[2];
+    } else {
+      // Widened once per tile and block: nk x (Dk + Dv) conversions against
+      // 2 x nk x (Dk + Dv) x block-rows FMAs.
+      WidenRows(d, reinterpret_cast<const uint16_t*>(k) + kv_begin * a.k_strides[2],
+                a.k_strides[2], kv_type, nk, dk, ktile);
+      WidenRows(d, reinterpret_cast<const uint16_t*>(v) + kv_begin * a.v_strides[2],
+                a.v_strides[2], kv_type, nk, dv, vtile);
+      kt = ktile;
+      vt = vtile;
+      k_row = dk;
+      v_row = dv;
+    }
     // S^T: rows are keys (broadcast along the head dim), reduction over Dk.
-    TileGemmRows<false, false>(d, nk, kt, a.k_strides[2], 1, qt, mq, dk,
-                               nullptr, st, mq);
+    TileGemmRows<false, false>(d, nk, kt, k_row, 1, qt, mq, dk, nullptr, st,
+                               mq);
     if (score_mods) {
       if (a.softcap > 0.0f) SoftcapTile(d, a.softcap, nk, st);
       if (a.alibi_slopes != nullptr) {
@@ -179,11 +207,11 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
     // tile's keys; the old O^T is rescaled by alpha on the way in.
     const float* scale = rescale ? alpha : nullptr;
     if (cut_hi || cut_lo || has_mask) {
-      TileGemmRows<true, true>(d, dv, vt, 1, a.v_strides[2], st, mq, nk, scale,
-                               acc, mq);
+      TileGemmRows<true, true>(d, dv, vt, 1, v_row, st, mq, nk, scale, acc,
+                               mq);
     } else {
-      TileGemmRows<true, false>(d, dv, vt, 1, a.v_strides[2], st, mq, nk,
-                                scale, acc, mq);
+      TileGemmRows<true, false>(d, dv, vt, 1, v_row, st, mq, nk, scale, acc,
+                                mq);
     }
   }
 

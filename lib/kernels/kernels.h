@@ -18,9 +18,12 @@ struct AttentionArgsF32 {
   int64_t head_dim_qk, head_dim_v;
   const float* q;
   int64_t q_strides[3];
-  const float* k;
+  // K and V share one storage type: kv_type 0 = f32, 1 = f16, 2 = bf16
+  // (16-bit ones are widened to f32 tile by tile).
+  int kv_type;
+  const void* k;
   int64_t k_strides[3];
-  const float* v;
+  const void* v;
   int64_t v_strides[3];
   float* o;
   int64_t o_strides[3];
