@@ -89,21 +89,12 @@ Status Unimplemented(const std::string& what) {
   return s;
 }
 
-// Largest head dimension the f32 prefill kernel accepts: its per-thread
-// scratch holds a transposed query block of head_dim x 4 vectors.
+// Largest head dimension the kernel accepts: its per-thread scratch holds a
+// transposed query block of head_dim x 2 vectors and one K/V tile.
 constexpr int64_t kMaxHeadDim = 1024;
 
 // What the fast path covers today; anything else is kUnimplemented.
-Status CheckCovered(const Problem& p, const TensorView& q, const TensorView& k,
-                    const MutableTensorView& o,
-                    const AttentionOptions& options) {
-  if (q.dtype != DType::kF32) {
-    return Unimplemented(std::string("q.dtype = ") + DTypeName(q.dtype));
-  }
-
-  if (o.dtype != DType::kF32) {
-    return Unimplemented(std::string("o.dtype = ") + DTypeName(o.dtype));
-  }
+Status CheckCovered(const Problem& p, const AttentionOptions& options) {
   if (options.alibi_slopes != nullptr &&
       (p.q_len > (int64_t{1} << 24) || p.kv_len > (int64_t{1} << 24))) {
     return Unimplemented("ALiBi with a sequence longer than 2^24");
@@ -197,7 +188,7 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     if (!s.ok()) return s;
     s = ValidateOutputs(p, q, k, v, options, o, lse);
     if (!s.ok()) return s;
-    s = CheckCovered(p, q, k, o, options);
+    s = CheckCovered(p, options);
     if (!s.ok()) return s;
     const TargetEntry* target = nullptr;
     s = ChooseTarget(&target);
@@ -213,14 +204,19 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     args.kv_len = p.kv_len;
     args.head_dim_qk = p.head_dim_qk;
     args.head_dim_v = p.head_dim_v;
-    args.q = static_cast<const float*>(q.data);
+    auto type_code = [](DType t) {
+      return t == DType::kF32 ? 0 : t == DType::kF16 ? 1 : 2;
+    };
+    args.q_type = type_code(q.dtype);
+    args.o_type = type_code(o.dtype);
+    args.q = q.data;
     CopyStrides3(q.strides, args.q_strides);
-    args.kv_type = k.dtype == DType::kF32 ? 0 : k.dtype == DType::kF16 ? 1 : 2;
+    args.kv_type = type_code(k.dtype);
     args.k = k.data;
     CopyStrides3(k.strides, args.k_strides);
     args.v = v.data;
     CopyStrides3(v.strides, args.v_strides);
-    args.o = static_cast<float*>(o.data);
+    args.o = o.data;
     CopyStrides3(o.strides, args.o_strides);
     args.lse = static_cast<float*>(lse.data);
     CopyStrides3(lse.strides, args.lse_strides);

@@ -32,6 +32,8 @@ struct Case {
   AttentionOptions options;
   bool lse = true;
   DType kv_dtype = DType::kF32;  // K and V storage
+  DType q_dtype = DType::kF32;
+  DType o_dtype = DType::kF32;
   // Output bound; 0 = SEMANTICS.md's bound for the narrowest storage type.
   double bound = 0.0;
 };
@@ -55,11 +57,21 @@ struct Inputs {
   Tensor q, k, v;
 };
 
+// The narrowest storage type among Q, K, V and O (sets the bound).
+DType Narrowest(const Case& c) {
+  bool f16 = false;
+  for (DType t : {c.q_dtype, c.kv_dtype, c.o_dtype}) {
+    if (t == DType::kBF16) return DType::kBF16;
+    if (t == DType::kF16) f16 = true;
+  }
+  return f16 ? DType::kF16 : DType::kF32;
+}
+
 Inputs MakeInputs(const Case& c, uint32_t seed, float lo = -1.0f,
                   float hi = 1.0f) {
   std::mt19937 rng(seed);
   Inputs in;
-  in.q = Tensor(DType::kF32, c.batch, c.q_heads, c.q_len, c.dk, c.layout,
+  in.q = Tensor(c.q_dtype, c.batch, c.q_heads, c.q_len, c.dk, c.layout,
                 c.pad, c.offset);
   in.k = Tensor(c.kv_dtype, c.batch, c.kv_heads, c.kv_len, c.dk, c.layout,
                 c.pad, c.offset);
@@ -82,7 +94,7 @@ struct Outputs {
 Outputs RunFast(const Case& c, const Inputs& in, const std::string& target,
                 const ExecutionOptions& exec = {}) {
   Outputs out;
-  out.o = Tensor(DType::kF32, c.batch, c.q_heads, c.q_len, c.dv, c.layout,
+  out.o = Tensor(c.o_dtype, c.batch, c.q_heads, c.q_len, c.dv, c.layout,
                  c.pad, c.offset);
   out.o.FillBytes(0xA5);
   MutableTensorView lse_view;
@@ -107,7 +119,8 @@ void ExpectPaddingUntouched(const Tensor& o) {
     for (int64_t b = 0; b < o.shape[1]; ++b)
       for (int64_t s = 0; s < o.shape[2]; ++s)
         for (int64_t d = 0; d < o.shape[3]; ++d)
-          for (int i = 0; i < 4; ++i) logical[o.Index(a, b, s, d) * 4 + i] = true;
+          for (int64_t i = 0; i < DTypeSize(o.dtype); ++i)
+            logical[o.Index(a, b, s, d) * DTypeSize(o.dtype) + i] = true;
   size_t bad = 0;
   for (size_t i = 0; i < o.bytes.size(); ++i) {
     if (!logical[i] && o.bytes[i] != 0xA5) ++bad;
@@ -148,7 +161,7 @@ void CheckAllTargets(const Case& c, const Inputs& in) {
     ExpectBlockSizeOfTarget(c, out.info);
     // The bound of the narrowest storage type (SEMANTICS.md); Q and O are f32.
     EXPECT_LE(MaxError(out.o, o_ref, max_v),
-              c.bound > 0.0 ? c.bound : OutputBound(c.kv_dtype));
+              c.bound > 0.0 ? c.bound : OutputBound(Narrowest(c)));
     ExpectPaddingUntouched(out.o);
     if (c.lse) {
       double lse_err = 0.0;
@@ -161,7 +174,9 @@ void CheckAllTargets(const Case& c, const Inputs& in) {
         if (!(e <= lse_err)) lse_err = std::isnan(e) ? INFINITY : e;
       }
       // LSE: 1e-4 when Q and K are f32, 1e-2 otherwise (SEMANTICS.md).
-      EXPECT_LE(lse_err, c.kv_dtype == DType::kF32 ? kLseBound : 1e-2);
+      EXPECT_LE(lse_err, c.kv_dtype == DType::kF32 && c.q_dtype == DType::kF32
+                             ? kLseBound
+                             : 1e-2);
     }
   }
 }
@@ -935,6 +950,29 @@ TEST(KvTypeTest, F16InfinityStaysInfinite) {
       EXPECT_EQ(std::isinf(out.o.Get(0, 0, i, 17)), i >= 3) << i;
       EXPECT_EQ(std::isinf(out.o.Get(0, 0, i, 2)), i >= 3) << i;
       EXPECT_TRUE(std::isfinite(out.o.Get(0, 0, i, 5))) << i;
+    }
+  }
+}
+
+// Q, K, V and O all in f16 or bf16 (and mixed), f32 math inside.
+TEST(KvTypeTest, SixteenBitQueriesAndOutputs) {
+  int n = 0;
+  for (DType t : {DType::kF16, DType::kBF16}) {
+    for (int mix = 0; mix < 3; ++mix) {
+      Case c;
+      c.q_dtype = t;
+      c.kv_dtype = mix == 1 ? DType::kF32 : t;
+      c.o_dtype = mix == 2 ? DType::kF32 : t;
+      c.batch = 2;
+      c.q_heads = 4;
+      c.kv_heads = 2;
+      c.q_len = 40;
+      c.kv_len = 70;
+      c.dk = 48;
+      c.dv = 24;
+      c.layout = mix == 1 ? Layout::kBSHD : Layout::kBHSD;
+      c.options.causal = mix != 0;
+      CheckAllTargets(c, MakeInputs(c, 3300 + n++));
     }
   }
 }

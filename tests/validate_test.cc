@@ -215,29 +215,23 @@ TEST(ValidateTest, LseShape) {
   ExpectInvalid(c, "lse.shape");
 }
 
-TEST(ValidateTest, UnimplementedOptionsWriteNothing) {
-  for (int which = 1; which < 3; ++which) {
-    Call c;
-    std::vector<uint16_t> q16(c.q.size(), 0x3E80);  // bf16 0.25
-    switch (which) {
-      case 1:
-        c.qv.data = q16.data();
-        c.qv.dtype = DType::kBF16;
-        break;
-      case 2: c.ov.dtype = DType::kF16; break;
-    }
-    const Status s = c.Run();
-    EXPECT_EQ(s.code, StatusCode::kUnimplemented) << which << ": " << s.message;
-    EXPECT_FALSE(s.message.empty());
-    EXPECT_TRUE(c.OutputsUntouched()) << which;
-  }
-}
-
-TEST(ValidateTest, ValidationComesBeforeUnimplemented) {
+// The fast path takes head dims up to 1024; beyond is valid but unimplemented.
+TEST(ValidateTest, UnimplementedHeadDimWritesNothing) {
+  const int64_t D = 1025;
+  std::vector<float> q(2 * 4 * 5 * D, 0.25f), k(2 * 2 * 7 * D, 0.5f);
   Call c;
-  c.ov.dtype = DType::kBF16;    // unimplemented
-  c.options.scale = -3.0f;      // and invalid
-  ExpectInvalid(c, "scale = -3");
+  c.qv = MakeBHSD(q.data(), DType::kF32, 2, 4, 5, D);
+  c.kv = MakeBHSD(k.data(), DType::kF32, 2, 2, 7, D);
+  const Status s = c.Run();
+  EXPECT_EQ(s.code, StatusCode::kUnimplemented) << s.message;
+  EXPECT_NE(s.message.find("1024"), std::string::npos) << s.message;
+  EXPECT_TRUE(c.OutputsUntouched());
+
+  c.options.scale = -3.0f;  // invalid as well: validation comes first
+  const Status s2 = c.Run();
+  EXPECT_EQ(s2.code, StatusCode::kInvalidArgument) << s2.message;
+  EXPECT_NE(s2.message.find("scale = -3"), std::string::npos) << s2.message;
+  EXPECT_TRUE(c.OutputsUntouched());
 }
 
 TEST(TargetTest, CapLandsOnEachTarget) {

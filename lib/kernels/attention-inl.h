@@ -111,7 +111,9 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
   const int64_t dk = a.head_dim_qk;
   const int64_t dv = a.head_dim_v;
 
-  const float* q = a.q + b * a.q_strides[0] + h * a.q_strides[1];
+  const int64_t q_size = a.q_type == 0 ? 4 : 2;
+  const char* q = static_cast<const char*>(a.q) +
+                  (b * a.q_strides[0] + h * a.q_strides[1]) * q_size;
   const KvType kv_type = static_cast<KvType>(a.kv_type);
   const int64_t kv_size = kv_type == KvType::kF32 ? 4 : 2;
   const char* k = static_cast<const char*>(a.k) +
@@ -123,9 +125,19 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
 
   // Pack the block transposed and scaled: qt[i][r] = scale * q[q_begin + r][i].
   // Rows past q_len are zero; their results are never stored.
+  // 16-bit Q is widened exactly here (scalar: Dk x rows per block).
   for (int64_t r = 0; r < rows; ++r) {
-    const float* qr = q + (q_begin + r) * a.q_strides[2];
-    for (int64_t i = 0; i < dk; ++i) qt[i * mq + r] = qr[i] * a.scale;
+    const char* qr = q + (q_begin + r) * a.q_strides[2] * q_size;
+    if (a.q_type == 0) {
+      const float* qf = reinterpret_cast<const float*>(qr);
+      for (int64_t i = 0; i < dk; ++i) qt[i * mq + r] = qf[i] * a.scale;
+    } else {
+      const uint16_t* qh = reinterpret_cast<const uint16_t*>(qr);
+      for (int64_t i = 0; i < dk; ++i) {
+        const float x = a.q_type == 1 ? F16ToF32(qh[i]) : BF16ToF32(qh[i]);
+        qt[i * mq + r] = x * a.scale;
+      }
+    }
   }
   for (int64_t r = rows; r < mq; ++r) {
     for (int64_t i = 0; i < dk; ++i) qt[i * mq + r] = 0.0f;
@@ -217,12 +229,24 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
 
   // O = acc / l; rows without a visible key (l == 0) get zeros and LSE -inf.
   // l is NaN (not 0) for rows that saw NaN, which then stays NaN.
-  float* o = a.o + b * a.o_strides[0] + h * a.o_strides[1];
+  // 16-bit O is rounded to nearest even here.
+  const int64_t o_size = a.o_type == 0 ? 4 : 2;
+  char* o = static_cast<char*>(a.o) +
+            (b * a.o_strides[0] + h * a.o_strides[1]) * o_size;
   for (int64_t r = 0; r < rows; ++r) {
     const float lr = l[r];
     const float inv = lr == 0.0f ? 0.0f : 1.0f / lr;
-    float* dst = o + (q_begin + r) * a.o_strides[2];
-    for (int64_t e = 0; e < dv; ++e) dst[e] = acc[e * mq + r] * inv;
+    char* row = o + (q_begin + r) * a.o_strides[2] * o_size;
+    if (a.o_type == 0) {
+      float* dst = reinterpret_cast<float*>(row);
+      for (int64_t e = 0; e < dv; ++e) dst[e] = acc[e * mq + r] * inv;
+    } else {
+      uint16_t* dst = reinterpret_cast<uint16_t*>(row);
+      for (int64_t e = 0; e < dv; ++e) {
+        const float x = acc[e * mq + r] * inv;
+        dst[e] = a.o_type == 1 ? F32ToF16(x) : F32ToBF16(x);
+      }
+    }
     if (a.lse != nullptr) {
       float* lse = a.lse + b * a.lse_strides[0] + h * a.lse_strides[1] +
                    (q_begin + r) * a.lse_strides[2];

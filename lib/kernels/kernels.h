@@ -16,7 +16,10 @@ namespace simdattn {
 struct AttentionArgsF32 {
   int64_t batch, q_heads, kv_heads, group, q_len, kv_len;
   int64_t head_dim_qk, head_dim_v;
-  const float* q;
+  // Storage types (0 = f32, 1 = f16, 2 = bf16) of Q and O; math is f32.
+  int q_type;
+  int o_type;
+  const void* q;
   int64_t q_strides[3];
   // K and V share one storage type: kv_type 0 = f32, 1 = f16, 2 = bf16
   // (16-bit ones are widened to f32 tile by tile).
@@ -25,7 +28,7 @@ struct AttentionArgsF32 {
   int64_t k_strides[3];
   const void* v;
   int64_t v_strides[3];
-  float* o;
+  void* o;
   int64_t o_strides[3];
   float* lse;
   int64_t lse_strides[3];
