@@ -1,6 +1,7 @@
 // Public entry points: validation -> Status, fast-path coverage check, one
 // target choice per call, then the query-block tasks handed to the threads.
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -135,6 +136,13 @@ struct Scratch {
 };
 
 thread_local Scratch t_scratch;
+// Partial results of split calls, kept by the calling thread.
+thread_local Scratch t_partials;
+
+// Decode: calls with at most this many queries per head split the keys.
+constexpr int64_t kDecodeMaxQueries = 16;
+// Keys per chunk of a split call (more when Lk needs over kMaxSplitChunks).
+constexpr int64_t kDecodeChunkKeys = 512;
 
 struct PrefillJob {
   const AttentionArgsF32* args;
@@ -151,6 +159,11 @@ void RunPrefillTask(void* arg, int64_t task) {
     return;
   }
   job->kernels->attention_f32(*job->args, task, scratch);
+}
+
+void RunCombineTask(void* arg, int64_t task) {
+  PrefillJob* job = static_cast<PrefillJob*>(arg);
+  job->kernels->combine_f32(*job->args, task);
 }
 
 void CopyStrides3(const int64_t* strides, int64_t* out) {
@@ -243,15 +256,30 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
                        : options.mask.dtype == DType::kF32 ? 2
                                                            : 3;
     }
-    args.q_block_rows = kernels.query_block_rows();
-    args.num_q_blocks = (p.q_len + args.q_block_rows - 1) / args.q_block_rows;
+    // Work split. Prefill: one task per block of rows against all keys.
+    // Decode (few queries per head): all query heads of a KV group share a
+    // block, so each K/V byte is read once per call, and the keys are split
+    // into fixed chunks (flash-decoding) so that every thread streams even
+    // when B x Hkv is small. Neither depends on the thread count.
+    args.block_rows = kernels.query_block_rows();
+    args.num_blocks = (p.group * p.q_len + args.block_rows - 1) / args.block_rows;
+    args.num_chunks = 1;
+    args.chunk_keys = p.kv_len;
+    args.partials = nullptr;
+    if (p.q_len <= kDecodeMaxQueries && p.kv_len > kDecodeChunkKeys) {
+      const int64_t min_chunk = (p.kv_len + kMaxSplitChunks - 1) / kMaxSplitChunks;
+      args.chunk_keys = std::max(kDecodeChunkKeys, (min_chunk + 63) / 64 * 64);
+      args.num_chunks = (p.kv_len + args.chunk_keys - 1) / args.chunk_keys;
+    }
 
     PrefillJob job;
     job.args = &args;
     job.kernels = &kernels;
     job.scratch_floats = kernels.scratch_floats(p.head_dim_qk, p.head_dim_v);
-    // The calling thread's scratch first: a failure here writes nothing.
-    if (t_scratch.Get(job.scratch_floats) == nullptr) {
+    // The calling thread's buffers first: a failure here writes nothing.
+    if (t_scratch.Get(job.scratch_floats) == nullptr ||
+        (args.num_chunks > 1 &&
+         (args.partials = t_partials.Get(static_cast<size_t>(PartialFloats(args)))) == nullptr)) {
       Status oom;
       oom.code = StatusCode::kInternal;
       oom.message = "out of memory allocating per-thread scratch";
@@ -259,6 +287,9 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     }
     const int64_t num_tasks = AttentionTaskCount(args);
     RunTasks(exec, num_tasks, &RunPrefillTask, &job);
+    if (!job.out_of_memory.load() && args.num_chunks > 1) {
+      RunTasks(exec, CombineTaskCount(args), &RunCombineTask, &job);
+    }
     if (job.out_of_memory.load()) {
       Status oom;
       oom.code = StatusCode::kInternal;

@@ -140,8 +140,18 @@ void ExpectBlockSizeOfTarget(const Case& c, const RunInfo& info) {
   if (t == "SVE_256") lanes = 8;
   if (t == "SCALAR") lanes = 1;
   if (lanes == 0) return;
+  // Blocks of 2 vectors over the G * Lq rows of each KV group; calls with at
+  // most 16 queries split more than 512 keys into chunks (lib/api.cc).
   const int64_t rows = 2 * lanes;
-  EXPECT_EQ(info.num_tasks, c.batch * c.q_heads * ((c.q_len + rows - 1) / rows))
+  const int64_t group_rows = c.q_heads / c.kv_heads * c.q_len;
+  int64_t chunks = 1;
+  if (c.q_len <= 16 && c.kv_len > 512) {
+    const int64_t min_chunk = (c.kv_len + 255) / 256;
+    const int64_t chunk = std::max<int64_t>(512, (min_chunk + 63) / 64 * 64);
+    chunks = (c.kv_len + chunk - 1) / chunk;
+  }
+  EXPECT_EQ(info.num_tasks, c.batch * c.kv_heads *
+                                ((group_rows + rows - 1) / rows) * chunks)
       << "target " << t;
 }
 
@@ -974,6 +984,104 @@ TEST(KvTypeTest, SixteenBitQueriesAndOutputs) {
       c.options.causal = mix != 0;
       CheckAllTargets(c, MakeInputs(c, 3300 + n++));
     }
+  }
+}
+
+// ---------------------------------------------------------------- decode
+// Few queries per head against a long KV cache: all query heads of a KV
+// group in one block, keys split into chunks merged through their LSE.
+
+TEST(DecodeTest, SplitKeysAgainstReference) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  float sinks[8] = {0.5f, 2.0f, -1.0f, neg_inf, 0.0f, 1.0f, 3.0f, -2.0f};
+  int n = 0;
+  const int64_t lk_quick[] = {700, 1500};
+  const int64_t lk_full[] = {600, 1500, 2049, 5000};
+  for (int64_t lk : QuickMode() ? std::vector<int64_t>(lk_quick, lk_quick + 2)
+                                : std::vector<int64_t>(lk_full, lk_full + 4)) {
+    for (int64_t lq : {1, 3, 16}) {
+      for (int64_t kv_heads : {8, 2, 1}) {  // groups 1, 4, 8
+        Case c;
+        c.kv_dtype = n % 3 == 0 ? DType::kF32 : (n % 3 == 1 ? DType::kF16 : DType::kBF16);
+        c.bound = OutputBound(DType::kF32);  // exact widening, f32 math
+        c.batch = 1;
+        c.q_heads = 8;
+        c.kv_heads = kv_heads;
+        c.q_len = lq;
+        c.kv_len = lk;
+        c.dk = 16;
+        c.dv = 24;
+        c.layout = n % 2 ? Layout::kBSHD : Layout::kBHSD;
+        c.options.causal = lq > 1;  // speculative decoding: bottom-right
+        c.options.alignment = Alignment::kBottomRight;
+        if (n % 4 == 1) c.options.sinks = sinks;
+        CheckAllTargets(c, MakeInputs(c, 4000 + n++));
+      }
+    }
+  }
+}
+
+TEST(DecodeTest, SplitWithEveryOption) {
+  float sinks[4] = {0.5f, -1.0f, 1.5f, 0.0f};
+  float slopes[4] = {0.01f, 0.02f, 0.04f, 0.001f};
+  int64_t lens[2] = {1300, 617};
+  std::mt19937 rng(4100);
+  Tensor pad(DType::kBool, 2, 1, 1, 1300);
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t j = 0; j < 1300; ++j) pad.Set(b, 0, 0, j, rng() % 5 != 0 ? 1.0f : 0.0f);
+  for (int which = 0; which < 5; ++which) {
+    Case c;
+    c.kv_dtype = DType::kF16;
+    c.batch = 2;
+    c.q_heads = 4;
+    c.kv_heads = 2;
+    c.q_len = 4;
+    c.kv_len = 1300;
+    c.dk = 16;
+    c.dv = 16;
+    c.options.alignment = Alignment::kBottomRight;
+    c.options.causal = true;
+    switch (which) {
+      case 0: c.options.kv_lengths = lens; break;
+      case 1: c.options.window_left = 700; break;
+      case 2: c.options.mask = pad.View(); c.options.sinks = sinks; break;
+      case 3: c.options.alibi_slopes = slopes; c.options.softcap = 4.0f; break;
+      case 4:
+        c.options.dropout_p = 0.3f;
+        c.options.dropout_seed = 77;
+        c.options.kv_lengths = lens;
+        break;
+    }
+    CheckAllTargets(c, MakeInputs(c, 4101 + which));
+  }
+}
+
+TEST(DecodeTest, BitIdenticalForAnyThreadCount) {
+  Case c;
+  c.kv_dtype = DType::kBF16;
+  c.batch = 1;
+  c.q_heads = 8;
+  c.kv_heads = 2;
+  c.q_len = 2;
+  c.kv_len = 3000;
+  c.dk = 32;
+  c.dv = 32;
+  const Inputs in = MakeInputs(c, 4200);
+  ThreadPool pool1(1), pool2(2), pool3(3);
+  for (const std::string& target : AvailableTargets()) {
+    SCOPED_TRACE(target);
+    ExecutionOptions e1, e2, e3;
+    e1.pool = &pool1;
+    e2.pool = &pool2;
+    e3.pool = &pool3;
+    const Outputs o1 = RunFast(c, in, target, e1);
+    const Outputs o2 = RunFast(c, in, target, e2);
+    const Outputs o3 = RunFast(c, in, target, e3);
+    ASSERT_TRUE(o1.status.ok() && o2.status.ok() && o3.status.ok());
+    EXPECT_GT(o1.info.num_tasks, 2);  // the keys really were split
+    EXPECT_EQ(o1.o.bytes, o2.o.bytes);
+    EXPECT_EQ(o1.o.bytes, o3.o.bytes);
+    EXPECT_EQ(o1.lse, o3.lse);
   }
 }
 

@@ -41,6 +41,10 @@ namespace hn = hwy::HWY_NAMESPACE;
 constexpr int64_t kKeyTile = 64;
 // Scratch regions start on this many floats (256 bytes: one SVE-2048 vector).
 constexpr int64_t kScratchAlign = 64;
+// Bounds of split (decode) calls: block rows are kTileCols vectors of at most
+// 64 lanes (SVE-2048); the driver keeps the chunk count at most kMaxChunks.
+constexpr int64_t kMaxBlockRows = 2 * 64;
+constexpr int64_t kMaxChunks = kMaxSplitChunks;
 
 inline int64_t RoundUpTo(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -52,7 +56,7 @@ inline int64_t QueryBlockRowsImpl() {
 
 // Scratch layout of one task (floats, each region kScratchAlign-aligned).
 struct ScratchLayout {
-  int64_t qt, st, acc, m, l, alpha, ktile, vtile, total;
+  int64_t qt, st, acc, m, l, alpha, ktile, vtile, rows, total;
 };
 
 inline ScratchLayout MakeLayout(int64_t head_dim_qk, int64_t head_dim_v) {
@@ -73,6 +77,7 @@ inline ScratchLayout MakeLayout(int64_t head_dim_qk, int64_t head_dim_v) {
   // f32 copies of one K and V tile when K/V are stored in 16 bits.
   s.ktile = take(kKeyTile * head_dim_qk);
   s.vtile = take(kKeyTile * head_dim_v);
+  s.rows = take(RowTable::Floats(mq));
   s.total = at;
   return s;
 }
@@ -81,15 +86,69 @@ inline size_t ScratchFloatsImpl(int64_t head_dim_qk, int64_t head_dim_v) {
   return static_cast<size_t>(MakeLayout(head_dim_qk, head_dim_v).total);
 }
 
-// Contract: args validated by the driver (f32 Q/O, f32/f16/bf16 K/V, unit stride along the head
-// dims, q_len/kv_len < 2^31 - 1, head dims >= 1); scratch 256-byte aligned
-// with ScratchFloatsImpl() floats. Writes rows [q_begin, q_begin + rows) of
-// one (batch, head) of O and LSE and nothing else.
+// O = acc / l for the block's valid rows; rows without a visible key (l == 0)
+// get zeros and LSE = -inf. l is NaN (not 0) for rows that saw NaN, which
+// then stays NaN. 16-bit O is rounded to nearest even.
+inline void WriteRows(const AttentionArgsF32& a, int64_t b, const RowTable& rt,
+                      int64_t rows, const float* m, const float* l,
+                      const float* acc, int64_t mq) {
+  const int64_t dv = a.head_dim_v;
+  const int64_t o_size = a.o_type == 0 ? 4 : 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float lr = l[r];
+    const float inv = lr == 0.0f ? 0.0f : 1.0f / lr;
+    char* row = static_cast<char*>(a.o) +
+                (b * a.o_strides[0] + rt.head[r] * a.o_strides[1] +
+                 rt.query[r] * a.o_strides[2]) * o_size;
+    if (a.o_type == 0) {
+      float* dst = reinterpret_cast<float*>(row);
+      for (int64_t e = 0; e < dv; ++e) dst[e] = acc[e * mq + r] * inv;
+    } else {
+      uint16_t* dst = reinterpret_cast<uint16_t*>(row);
+      for (int64_t e = 0; e < dv; ++e) {
+        const float x = acc[e * mq + r] * inv;
+        dst[e] = a.o_type == 1 ? F32ToF16(x) : F32ToBF16(x);
+      }
+    }
+    if (a.lse != nullptr) {
+      float* lse = a.lse + b * a.lse_strides[0] + rt.head[r] * a.lse_strides[1] +
+                   rt.query[r] * a.lse_strides[2];
+      *lse = lr == 0.0f ? -std::numeric_limits<float>::infinity()
+                        : m[r] + std::log(lr);
+    }
+  }
+}
+
+// Which query each lane of a block is: block `block` of group (b, hkv).
+// Returns the number of valid rows; padding lanes repeat the last valid row
+// (their results are never stored).
+inline int64_t FillRowTable(const AttentionArgsF32& a, int64_t block,
+                            int64_t hkv, int64_t offset, int64_t mq,
+                            RowTable* t) {
+  const int64_t group_rows = a.group * a.q_len;
+  const int64_t first = block * mq;
+  const int64_t rows = std::min(mq, group_rows - first);
+  for (int64_t r = 0; r < mq; ++r) {
+    const int64_t g = first + std::min(r, rows - 1);
+    const int64_t h = hkv * a.group + g / a.q_len;
+    const int64_t i = g % a.q_len;
+    t->query[r] = static_cast<int32_t>(i);
+    t->head[r] = static_cast<int32_t>(h);
+    t->pos[r] = static_cast<float>(i + offset);
+    t->slope[r] = a.alibi_slopes != nullptr ? a.alibi_slopes[h] : 0.0f;
+  }
+  return rows;
+}
+
+// Contract: args validated by the driver (f32/f16/bf16 storage, unit stride
+// along the head dims, q_len/kv_len < 2^31 - 1, head dims >= 1); scratch
+// 256-byte aligned with ScratchFloatsImpl() floats. Unsplit, writes the
+// block's rows of O and LSE and nothing else; split, writes the task's slot
+// of args.partials.
 inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
                                  float* HWY_RESTRICT scratch) {
   const hn::ScalableTag<float> d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t mq = kTileCols * N;
+  const int64_t mq = a.block_rows;
   const ScratchLayout lay = MakeLayout(a.head_dim_qk, a.head_dim_v);
   float* HWY_RESTRICT qt = scratch + lay.qt;
   float* HWY_RESTRICT st = scratch + lay.st;
@@ -97,37 +156,59 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
   float* HWY_RESTRICT m = scratch + lay.m;
   float* HWY_RESTRICT l = scratch + lay.l;
   float* HWY_RESTRICT alpha = scratch + lay.alpha;
+  float* HWY_RESTRICT ktile = scratch + lay.ktile;
+  float* HWY_RESTRICT vtile = scratch + lay.vtile;
+  RowTable rt(scratch + lay.rows, mq);
 
-  // Consecutive tasks are blocks of one head, so its K/V stay in L2/L3 from
-  // one task to the next; within a head the heaviest (last, for causal)
-  // blocks come first so the dynamic scheduler ends on light ones.
-  const int64_t block = a.num_q_blocks - 1 - task % a.num_q_blocks;
-  const int64_t bh = task / a.num_q_blocks;
-  const int64_t b = bh / a.q_heads;
-  const int64_t h = bh % a.q_heads;
-  const int64_t hkv = h / a.group;
-  const int64_t q_begin = block * mq;
-  const int64_t rows = std::min(mq, a.q_len - q_begin);
+  // Consecutive tasks share a (batch, KV head) group, so its K/V stay in
+  // L2/L3 from one task to the next; within a group the heaviest (last, for
+  // causal) blocks come first so the dynamic scheduler ends on light ones.
+  const int64_t per_group = a.num_blocks * a.num_chunks;
+  const int64_t group_index = task / per_group;
+  const int64_t block = a.num_blocks - 1 - (task % per_group) / a.num_chunks;
+  const int64_t chunk = task % a.num_chunks;
+  const int64_t b = group_index / a.kv_heads;
+  const int64_t hkv = group_index % a.kv_heads;
   const int64_t dk = a.head_dim_qk;
   const int64_t dv = a.head_dim_v;
 
-  const int64_t q_size = a.q_type == 0 ? 4 : 2;
-  const char* q = static_cast<const char*>(a.q) +
-                  (b * a.q_strides[0] + h * a.q_strides[1]) * q_size;
-  const KvType kv_type = static_cast<KvType>(a.kv_type);
-  const int64_t kv_size = kv_type == KvType::kF32 ? 4 : 2;
-  const char* k = static_cast<const char*>(a.k) +
-                  (b * a.k_strides[0] + hkv * a.k_strides[1]) * kv_size;
-  const char* v = static_cast<const char*>(a.v) +
-                  (b * a.v_strides[0] + hkv * a.v_strides[1]) * kv_size;
-  float* HWY_RESTRICT ktile = scratch + lay.ktile;
-  float* HWY_RESTRICT vtile = scratch + lay.vtile;
-
-  // Pack the block transposed and scaled: qt[i][r] = scale * q[q_begin + r][i].
-  // Rows past q_len are zero; their results are never stored.
-  // 16-bit Q is widened exactly here (scalar: Dk x rows per block).
+  // Index visibility (SEMANTICS.md): key j is visible to query i when
+  // j < Lk_b, lo(i) <= j <= hi(i) with p(i) = i + offset, hi(i) = p(i) + right
+  // (right = 0 for causal, min with window_right) and lo(i) = p(i) - left.
+  const int64_t kv_valid = a.kv_lengths != nullptr ? a.kv_lengths[b] : a.kv_len;
+  const int64_t offset = a.bottom_right ? kv_valid - a.q_len : 0;
+  const int64_t rows = FillRowTable(a, block, hkv, offset, mq, &rt);
+  const bool has_hi = a.causal || a.window_right >= 0;
+  const int64_t right =
+      a.causal ? (a.window_right >= 0 ? std::min<int64_t>(a.window_right, 0) : 0)
+               : a.window_right;
+  const bool has_lo = a.window_left >= 0;
+  const int64_t left = a.window_left;
+  int64_t i_min = a.q_len, i_max = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    const char* qr = q + (q_begin + r) * a.q_strides[2] * q_size;
+    i_min = std::min<int64_t>(i_min, rt.query[r]);
+    i_max = std::max<int64_t>(i_max, rt.query[r]);
+  }
+  const int64_t p_first = i_min + offset;
+  const int64_t p_last = i_max + offset;
+  // Keys any row of the block sees, within this task's chunk.
+  int64_t kv_start = has_lo ? std::max<int64_t>(0, p_first - left) : 0;
+  int64_t kv_end = kv_valid;
+  if (has_hi) kv_end = std::min(kv_end, std::max<int64_t>(0, p_last + right + 1));
+  if (a.num_chunks > 1) {
+    kv_start = std::max(kv_start, chunk * a.chunk_keys);
+    kv_end = std::min(kv_end, (chunk + 1) * a.chunk_keys);
+  }
+  if (kv_start > kv_end) kv_start = kv_end;
+
+  // Pack the block transposed and scaled: qt[i][r] = scale * q_r[i]; padding
+  // lanes repeat a valid row. 16-bit Q is widened exactly (scalar, Dk x rows
+  // per block).
+  const int64_t q_size = a.q_type == 0 ? 4 : 2;
+  for (int64_t r = 0; r < mq; ++r) {
+    const char* qr = static_cast<const char*>(a.q) +
+                     (b * a.q_strides[0] + rt.head[r] * a.q_strides[1] +
+                      rt.query[r] * a.q_strides[2]) * q_size;
     if (a.q_type == 0) {
       const float* qf = reinterpret_cast<const float*>(qr);
       for (int64_t i = 0; i < dk; ++i) qt[i * mq + r] = qf[i] * a.scale;
@@ -139,39 +220,26 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
       }
     }
   }
-  for (int64_t r = rows; r < mq; ++r) {
-    for (int64_t i = 0; i < dk; ++i) qt[i * mq + r] = 0.0f;
-  }
   std::fill(acc, acc + dv * mq, 0.0f);
   // A sink (one logit per head, no value) starts every row's recurrence as if
   // it were a first key with score sink: m = sink, l = exp(sink - m) = 1. A
-  // -inf sink is no sink.
-  const float sink =
-      a.sinks != nullptr ? a.sinks[h] : -std::numeric_limits<float>::infinity();
-  const bool has_sink = !(sink == -std::numeric_limits<float>::infinity());
-  std::fill(m, m + mq, has_sink ? sink : -std::numeric_limits<float>::infinity());
-  std::fill(l, l + mq, has_sink ? 1.0f : 0.0f);
+  // -inf sink is no sink. Split calls add the sink once, when combining.
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < mq; ++r) {
+    const float sink = a.sinks != nullptr && a.num_chunks == 1
+                           ? a.sinks[rt.head[r]] : neg_inf;
+    const bool has_sink = !(sink == neg_inf);
+    m[r] = has_sink ? sink : neg_inf;
+    l[r] = has_sink ? 1.0f : 0.0f;
+  }
 
-  // Index visibility (SEMANTICS.md): key j is visible to query i when
-  // j < Lk_b, lo(i) <= j <= hi(i) with p(i) = i + offset, hi(i) = p(i) + right
-  // (right = 0 for causal, min with window_right) and lo(i) = p(i) - left.
-  const int64_t kv_valid = a.kv_lengths != nullptr ? a.kv_lengths[b] : a.kv_len;
-  const int64_t offset = a.bottom_right ? kv_valid - a.q_len : 0;
-  const bool has_hi = a.causal || a.window_right >= 0;
-  const int64_t right = a.causal ? (a.window_right >= 0 ? std::min<int64_t>(a.window_right, 0) : 0)
-                                 : a.window_right;
-  const bool has_lo = a.window_left >= 0;
-  const int64_t left = a.window_left;
-  const int64_t p_first = q_begin + offset;
-  const int64_t p_last = q_begin + rows - 1 + offset;
-  // Keys any row of the block sees: [kv_start, kv_end).
-  int64_t kv_start = has_lo ? std::max<int64_t>(0, p_first - left) : 0;
-  int64_t kv_end = kv_valid;
-  if (has_hi) kv_end = std::min(kv_end, std::max<int64_t>(0, p_last + right + 1));
-  if (kv_start > kv_end) kv_start = kv_end;
-
+  const KvType kv_type = static_cast<KvType>(a.kv_type);
+  const int64_t kv_size = kv_type == KvType::kF32 ? 4 : 2;
+  const char* k = static_cast<const char*>(a.k) +
+                  (b * a.k_strides[0] + hkv * a.k_strides[1]) * kv_size;
+  const char* v = static_cast<const char*>(a.v) +
+                  (b * a.v_strides[0] + hkv * a.v_strides[1]) * kv_size;
   const bool has_mask = a.mask_kind != 0;
-  const bool score_mods = a.softcap > 0.0f || a.alibi_slopes != nullptr;
   for (int64_t kv_begin = kv_start; kv_begin < kv_end; kv_begin += kKeyTile) {
     const int64_t nk = std::min(kKeyTile, kv_end - kv_begin);
     const float* kt;
@@ -197,24 +265,18 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
     // S^T: rows are keys (broadcast along the head dim), reduction over Dk.
     TileGemmRows<false, false>(d, nk, kt, k_row, 1, qt, mq, dk, nullptr, st,
                                mq);
-    if (score_mods) {
-      if (a.softcap > 0.0f) SoftcapTile(d, a.softcap, nk, st);
-      if (a.alibi_slopes != nullptr) {
-        AlibiTile(d, a.alibi_slopes[h], q_begin, offset, kv_begin, nk, st);
-      }
-    }
-    if (has_mask) ExplicitMaskTile(a, b, h, q_begin, rows, kv_begin, nk, mq, st);
+    if (a.softcap > 0.0f) SoftcapTile(d, a.softcap, nk, st);
+    if (a.alibi_slopes != nullptr) AlibiTile(d, rt, kv_begin, nk, st);
+    if (has_mask) ExplicitMaskTile(a, b, rt, rows, kv_begin, nk, mq, st);
     // Index masks only where some row's window ends inside the tile.
     const bool cut_hi = has_hi && kv_begin + nk - 1 > p_first + right;
     const bool cut_lo = has_lo && kv_begin < p_last - left;
     if (cut_hi || cut_lo) {
-      IndexMaskTile(d, q_begin, kv_begin, nk, cut_hi, offset + right, cut_lo,
+      IndexMaskTile(d, rt, kv_begin, nk, cut_hi, offset + right, cut_lo,
                     offset - left, st);
     }
     const bool rescale = SoftmaxTile(d, st, nk, m, l, alpha);
-    if (a.dropout_p > 0.0f) {
-      DropoutTile(a, b, h, q_begin, rows, kv_begin, nk, mq, st);
-    }
+    if (a.dropout_p > 0.0f) DropoutTile(a, b, rt, rows, kv_begin, nk, mq, st);
     // O^T: rows are value dims (broadcast along the keys), reduction over the
     // tile's keys; the old O^T is rescaled by alpha on the way in.
     const float* scale = rescale ? alpha : nullptr;
@@ -227,33 +289,72 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
     }
   }
 
-  // O = acc / l; rows without a visible key (l == 0) get zeros and LSE -inf.
-  // l is NaN (not 0) for rows that saw NaN, which then stays NaN.
-  // 16-bit O is rounded to nearest even here.
-  const int64_t o_size = a.o_type == 0 ? 4 : 2;
-  char* o = static_cast<char*>(a.o) +
-            (b * a.o_strides[0] + h * a.o_strides[1]) * o_size;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float lr = l[r];
-    const float inv = lr == 0.0f ? 0.0f : 1.0f / lr;
-    char* row = o + (q_begin + r) * a.o_strides[2] * o_size;
-    if (a.o_type == 0) {
-      float* dst = reinterpret_cast<float*>(row);
-      for (int64_t e = 0; e < dv; ++e) dst[e] = acc[e * mq + r] * inv;
-    } else {
-      uint16_t* dst = reinterpret_cast<uint16_t*>(row);
-      for (int64_t e = 0; e < dv; ++e) {
-        const float x = acc[e * mq + r] * inv;
-        dst[e] = a.o_type == 1 ? F32ToF16(x) : F32ToBF16(x);
-      }
-    }
-    if (a.lse != nullptr) {
-      float* lse = a.lse + b * a.lse_strides[0] + h * a.lse_strides[1] +
-                   (q_begin + r) * a.lse_strides[2];
-      *lse = lr == 0.0f ? -std::numeric_limits<float>::infinity()
-                        : m[r] + std::log(lr);
-    }
+  if (a.num_chunks > 1) {
+    // Partial result of this chunk: m, l and the unnormalized O^T.
+    float* out = a.partials + task * mq * (dv + 2);
+    std::copy(m, m + mq, out);
+    std::copy(l, l + mq, out + mq);
+    std::copy(acc, acc + dv * mq, out + 2 * mq);
+    return;
   }
+  WriteRows(a, b, rt, rows, m, l, acc, mq);
+}
+
+// Split calls: merges the chunks of one block. With M = max_c m_c (and the
+// sink), L = sum_c l_c exp(m_c - M) (+ exp(sink - M)) and
+// O = sum_c acc_c exp(m_c - M) / L, which is exactly the unsplit softmax.
+// Chunks are merged in order, so the result does not depend on threads.
+inline void CombineTaskF32Impl(const AttentionArgsF32& a, int64_t task) {
+  const int64_t mq = a.block_rows;
+  const int64_t dv = a.head_dim_v;
+  const int64_t group_index = task / a.num_blocks;
+  const int64_t block = task % a.num_blocks;
+  const int64_t b = group_index / a.kv_heads;
+  const int64_t hkv = group_index % a.kv_heads;
+  const int64_t kv_valid = a.kv_lengths != nullptr ? a.kv_lengths[b] : a.kv_len;
+  const int64_t offset = a.bottom_right ? kv_valid - a.q_len : 0;
+  float table[RowTable::Floats(kMaxBlockRows)];
+  RowTable rt(table, mq);
+  const int64_t rows = FillRowTable(a, block, hkv, offset, mq, &rt);
+  // Slot of (group, block, chunk 0); tasks order blocks heaviest-first.
+  const int64_t first_task =
+      (group_index * a.num_blocks + (a.num_blocks - 1 - block)) * a.num_chunks;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  float m[kMaxBlockRows], l[kMaxBlockRows], weight[kMaxChunks];
+  // Reuse the first chunk's slot as the merged O^T (this task owns it).
+  float* merged = a.partials + first_task * mq * (dv + 2) + 2 * mq;
+  for (int64_t r = 0; r < rows; ++r) {
+    float big = neg_inf;
+    bool nan = false;
+    for (int64_t c = 0; c < a.num_chunks; ++c) {
+      const float mc = a.partials[(first_task + c) * mq * (dv + 2) + r];
+      if (std::isnan(mc)) nan = true;
+      if (mc > big) big = mc;
+    }
+    const float sink = a.sinks != nullptr ? a.sinks[rt.head[r]] : neg_inf;
+    if (sink > big) big = sink;
+    if (nan) big = std::numeric_limits<float>::quiet_NaN();
+    const bool empty = big == neg_inf;  // no visible key in any chunk, no sink
+    float total = 0.0f;
+    for (int64_t c = 0; c < a.num_chunks; ++c) {
+      const float* slot = a.partials + (first_task + c) * mq * (dv + 2);
+      // exp(m_c - M) is 0 for a chunk that saw nothing (l_c = 0).
+      weight[c] = empty || slot[mq + r] == 0.0f ? 0.0f : std::exp(slot[r] - big);
+      total += slot[mq + r] * weight[c];
+    }
+    if (!empty && !(sink == neg_inf)) total += std::exp(sink - big);
+    for (int64_t e = 0; e < dv; ++e) {
+      float sum = 0.0f;
+      for (int64_t c = 0; c < a.num_chunks; ++c) {
+        const float* slot = a.partials + (first_task + c) * mq * (dv + 2);
+        sum += weight[c] * slot[2 * mq + e * mq + r];
+      }
+      merged[e * mq + r] = sum;
+    }
+    m[r] = big;
+    l[r] = empty ? 0.0f : total;
+  }
+  WriteRows(a, b, rt, rows, m, l, merged, mq);
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)

@@ -24,9 +24,13 @@ void AttentionTaskF32(const AttentionArgsF32& args, int64_t task,
   AttentionTaskF32Impl(args, task, scratch);
 }
 
+void CombineTaskF32(const AttentionArgsF32& args, int64_t task) {
+  CombineTaskF32Impl(args, task);
+}
+
 const TargetKernels* GetTargetKernels() {
   static const TargetKernels kKernels = {&QueryBlockRows, &ScratchFloats,
-                                         &AttentionTaskF32};
+                                         &AttentionTaskF32, &CombineTaskF32};
   return &kKernels;
 }
 

@@ -49,9 +49,17 @@ struct AttentionArgsF32 {
   int mask_kind;
   const void* mask;
   int64_t mask_strides[4];
-  // Set by the driver from TargetKernels::query_block_rows.
-  int64_t q_block_rows;
-  int64_t num_q_blocks;
+  // Work split, set by the driver. The rows of one (batch, KV head) group are
+  // its group * q_len queries, head-major (query head hkv * group + r / q_len,
+  // query r % q_len); they go in blocks of block_rows
+  // (TargetKernels::query_block_rows). Each block sees the keys in num_chunks
+  // chunks of chunk_keys (1 chunk of all keys unless split): a split call
+  // writes partial results to `partials` and combine_f32 merges them.
+  int64_t block_rows;
+  int64_t num_blocks;   // per group
+  int64_t num_chunks;   // per block
+  int64_t chunk_keys;
+  float* partials;      // PartialFloats() floats when num_chunks > 1
 };
 
 // What one target offers. Every function is sequential: the driver splits
@@ -61,19 +69,34 @@ struct TargetKernels {
   int64_t (*query_block_rows)();
   // Floats of per-thread scratch one task needs (aligned by the callee).
   size_t (*scratch_floats)(int64_t head_dim_qk, int64_t head_dim_v);
-  // Computes query block `task` of AttentionTaskCount() tasks, writing its
-  // rows of O (and LSE). scratch holds scratch_floats() floats, 256-byte aligned.
+  // Computes task `task` of AttentionTaskCount(): one block of rows against
+  // one chunk of keys. Unsplit, it writes the block's rows of O (and LSE);
+  // split, its partial (m, l, unnormalized O) in args.partials. scratch holds
+  // scratch_floats() floats, 256-byte aligned.
   void (*attention_f32)(const AttentionArgsF32& args, int64_t task,
                         float* scratch);
+  // Split calls only: merges the chunks of block `task` (of
+  // CombineTaskCount()) exactly through their log-sum-exp and writes O/LSE.
+  void (*combine_f32)(const AttentionArgsF32& args, int64_t task);
 };
 
 // Kernels compiled for the Highway target `target_bit` (one bit of
 // HWY_TARGETS), or null if that target is not compiled in.
 const TargetKernels* KernelsForTarget(int64_t target_bit);
 
-// Number of tasks of a prefill call: batch * q_heads * num_q_blocks.
+// Split (decode) calls keep at most this many key chunks per block.
+constexpr int64_t kMaxSplitChunks = 256;
+
+inline int64_t CombineTaskCount(const AttentionArgsF32& a) {
+  return a.batch * a.kv_heads * a.num_blocks;
+}
 inline int64_t AttentionTaskCount(const AttentionArgsF32& a) {
-  return a.batch * a.q_heads * a.num_q_blocks;
+  return CombineTaskCount(a) * a.num_chunks;
+}
+// Floats of the partial results of a split call: per task, m and l of each
+// row and its unnormalized O^T ([head_dim_v][block_rows]).
+inline int64_t PartialFloats(const AttentionArgsF32& a) {
+  return AttentionTaskCount(a) * a.block_rows * (a.head_dim_v + 2);
 }
 
 }  // namespace simdattn

@@ -26,6 +26,22 @@ namespace simdattn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// Lane r of a block is query rt.query[r] of head rt.head[r]; pos is its
+// position p(i) on the key axis and slope its head's ALiBi slope.
+struct RowTable {
+  int32_t* query;
+  int32_t* head;
+  float* pos;
+  float* slope;
+
+  static constexpr int64_t Floats(int64_t rows) { return 4 * rows; }
+  RowTable(float* storage, int64_t rows)
+      : query(reinterpret_cast<int32_t*>(storage)),
+        head(reinterpret_cast<int32_t*>(storage + rows)),
+        pos(storage + 2 * rows),
+        slope(storage + 3 * rows) {}
+};
+
 // Every function works on a transposed tile st of num_keys rows (key
 // kv_begin + j in row j) and kTileCols vectors of queries (query
 // q_begin + c * N + lane), row stride kTileCols * N.
@@ -43,23 +59,20 @@ HWY_INLINE void SoftcapTile(D d, float cap, int64_t num_keys,
   }
 }
 
-// s -= slope * |p(i) - j| with p(i) = i + offset. Positions are exact in f32
-// up to 2^24.
+// s -= slope * |p(i) - j|, slope and p(i) per lane from the row table.
+// Positions are exact in f32 up to 2^24 (checked by the driver).
 template <class D>
-HWY_INLINE void AlibiTile(D d, float slope, int64_t q_begin, int64_t offset,
-                          int64_t kv_begin, int64_t num_keys,
-                          float* HWY_RESTRICT st) {
+HWY_INLINE void AlibiTile(D d, const RowTable& rt, int64_t kv_begin,
+                          int64_t num_keys, float* HWY_RESTRICT st) {
   const size_t N = hn::Lanes(d);
-  const auto vslope = hn::Set(d, slope);
-  const auto p0 = hn::Iota(d, static_cast<float>(q_begin + offset));
-  const auto p1 = hn::Add(p0, hn::Set(d, static_cast<float>(N)));
+  const auto s0 = hn::LoadU(d, rt.slope), s1 = hn::LoadU(d, rt.slope + N);
+  const auto p0 = hn::LoadU(d, rt.pos), p1 = hn::LoadU(d, rt.pos + N);
   for (int64_t j = 0; j < num_keys; ++j) {
     const auto key = hn::Set(d, static_cast<float>(kv_begin + j));
     float* HWY_RESTRICT row = st + j * kTileCols * N;
-    hn::Store(hn::NegMulAdd(vslope, hn::Abs(hn::Sub(p0, key)), hn::Load(d, row)),
+    hn::Store(hn::NegMulAdd(s0, hn::Abs(hn::Sub(p0, key)), hn::Load(d, row)),
               d, row);
-    hn::Store(hn::NegMulAdd(vslope, hn::Abs(hn::Sub(p1, key)),
-                            hn::Load(d, row + N)),
+    hn::Store(hn::NegMulAdd(s1, hn::Abs(hn::Sub(p1, key)), hn::Load(d, row + N)),
               d, row + N);
   }
 }
@@ -67,17 +80,17 @@ HWY_INLINE void AlibiTile(D d, float slope, int64_t q_begin, int64_t offset,
 // Explicit mask for rows [0, rows) of the block: bool hides where 0; an
 // additive mask adds, and -inf hides even a +inf score (as the reference).
 // Scalar: the mask's query stride is arbitrary (broadcasts are stride 0).
-inline void ExplicitMaskTile(const AttentionArgsF32& a, int64_t b, int64_t h,
-                             int64_t q_begin, int64_t rows, int64_t kv_begin,
-                             int64_t num_keys, int64_t row_stride,
-                             float* HWY_RESTRICT st) {
+inline void ExplicitMaskTile(const AttentionArgsF32& a, int64_t b,
+                             const RowTable& rt, int64_t rows,
+                             int64_t kv_begin, int64_t num_keys,
+                             int64_t row_stride, float* HWY_RESTRICT st) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  const int64_t base = b * a.mask_strides[0] + h * a.mask_strides[1];
   for (int64_t j = 0; j < num_keys; ++j) {
     float* HWY_RESTRICT row = st + j * row_stride;
-    const int64_t col = base + (kv_begin + j) * a.mask_strides[3];
+    const int64_t col = b * a.mask_strides[0] + (kv_begin + j) * a.mask_strides[3];
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t at = col + (q_begin + r) * a.mask_strides[2];
+      const int64_t at = col + rt.head[r] * a.mask_strides[1] +
+                         rt.query[r] * a.mask_strides[2];
       if (a.mask_kind == 1) {
         if (static_cast<const uint8_t*>(a.mask)[at] == 0) row[r] = neg_inf;
         continue;
@@ -98,15 +111,15 @@ inline void ExplicitMaskTile(const AttentionArgsF32& a, int64_t b, int64_t h,
 // i <= j - lo_shift (j >= p(i) - left bound). A disabled bound passes
 // has_hi / has_lo = false. Shifts fit int32 (checked by the driver).
 template <class D>
-HWY_INLINE void IndexMaskTile(D d, int64_t q_begin, int64_t kv_begin,
+HWY_INLINE void IndexMaskTile(D d, const RowTable& rt, int64_t kv_begin,
                               int64_t num_keys, bool has_hi, int64_t hi_shift,
                               bool has_lo, int64_t lo_shift,
                               float* HWY_RESTRICT st) {
   const hn::RebindToSigned<D> di;
   const size_t N = hn::Lanes(d);
   const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-  const auto i0 = hn::Iota(di, static_cast<int32_t>(q_begin));
-  const auto i1 = hn::Add(i0, hn::Set(di, static_cast<int32_t>(N)));
+  const auto i0 = hn::LoadU(di, rt.query);
+  const auto i1 = hn::LoadU(di, rt.query + N);
   for (int64_t j = 0; j < num_keys; ++j) {
     const int64_t key = kv_begin + j;
     // Thresholds beyond int32 mean "no query of this block is affected".
@@ -136,8 +149,8 @@ HWY_INLINE void IndexMaskTile(D d, int64_t q_begin, int64_t kv_begin,
 // keep(b, h, i, j) is the Philox4x32-10 draw of DropoutKeep (reference.h):
 // counter (j / 4, i, h, b), word j % 4, so it depends on nothing but the
 // indices. Scalar: one Philox call per 4 keys of a row.
-inline void DropoutTile(const AttentionArgsF32& a, int64_t b, int64_t h,
-                        int64_t q_begin, int64_t rows, int64_t kv_begin,
+inline void DropoutTile(const AttentionArgsF32& a, int64_t b,
+                        const RowTable& rt, int64_t rows, int64_t kv_begin,
                         int64_t num_keys, int64_t row_stride,
                         float* HWY_RESTRICT st) {
   const Philox4x32Key key = {{static_cast<uint32_t>(a.dropout_seed),
@@ -146,12 +159,13 @@ inline void DropoutTile(const AttentionArgsF32& a, int64_t b, int64_t h,
       static_cast<double>(a.dropout_p) * 4294967296.0);
   const float inv_keep = static_cast<float>(1.0 / (1.0 - a.dropout_p));
   for (int64_t r = 0; r < rows; ++r) {
-    const uint32_t i = static_cast<uint32_t>(q_begin + r);
+    const uint32_t i = static_cast<uint32_t>(rt.query[r]);
+    const uint32_t h = static_cast<uint32_t>(rt.head[r]);
     int64_t j = 0;
     while (j < num_keys) {
       const int64_t key_index = kv_begin + j;
       const Philox4x32Counter counter = {
-          {static_cast<uint32_t>(key_index / 4), i, static_cast<uint32_t>(h),
+          {static_cast<uint32_t>(key_index / 4), i, h,
            static_cast<uint32_t>(b)}};
       const Philox4x32Counter draw = Philox4x32_10(counter, key);
       // The keys of this draw that fall in the tile.
