@@ -15,13 +15,19 @@ namespace bench {
 // S = scale * Q·Kᵀ (+ causal mask as a binary_add post-op with a fully
 // materialized [B·Hkv, G·Lq, Lk] mask: broadcast masks take oneDNN 2.6.3's
 // reference path), P = softmax_v2 (accurate) over Lk, O = P·V; batched as
-// [B·Hkv, G·Lq, D] so grouped-query heads share K/V. Inputs are dense BHSD f32;
-// primitives and the S buffer are created once in the constructor.
+// [B·Hkv, G·Lq, D] so grouped-query heads share K/V. Inputs are dense BHSD,
+// f32 or (bf16 = true) bf16 for Q, K and V alike (oneDNN 2.6's bf16 matmul
+// wants both operands in bf16); S is f32, P is written in the inputs' type by
+// softmax_v2, O is f32. Primitives and the S/P buffers are created once in
+// the constructor.
 class OneDnnAttention {
  public:
   OneDnnAttention(int64_t batch, int64_t q_heads, int64_t kv_heads,
                   int64_t q_len, int64_t kv_len, int64_t head_dim, bool causal,
-                  const float* q, const float* k, const float* v, float* o);
+                  bool bf16, const void* q, const void* k, const void* v,
+                  float* o);
+  // Points the pipeline at another copy of the inputs (same shapes).
+  void SetInputs(const void* q, const void* k, const void* v);
   ~OneDnnAttention();
 
   // Empty when every primitive runs an optimized implementation; otherwise

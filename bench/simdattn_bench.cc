@@ -21,10 +21,12 @@
 
 #include "bench/onednn_attention.h"
 #include "bench/roofline.h"
+#include "lib/dtype.h"
 #include "lib/reference.h"
 #include "simdattn/attention.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -169,8 +171,9 @@ void BenchOneDnn(benchmark::State& state, const Shape& s, bool causal,
                  int threads) {
   Problem p(s);
   simdattn::bench::OneDnnAttention attn(s.batch, s.q_heads, s.kv_heads, s.q_len,
-                                        s.kv_len, s.head_dim, causal, p.q.data(),
-                                        p.k.data(), p.v.data(), p.o.data());
+                                        s.kv_len, s.head_dim, causal, false,
+                                        p.q.data(), p.k.data(), p.v.data(),
+                                        p.o.data());
   if (!attn.error().empty()) {
     state.SkipWithError(attn.error().c_str());
     return;
@@ -264,8 +267,9 @@ bool Verify(const Shape& s, bool causal) {
   const simdattn::Status st = simdattn::Attention(q, k, v, o, options);
   const double e_simd = st.ok() ? max_err(p.o) : INFINITY;
   simdattn::bench::OneDnnAttention dnn(s.batch, s.q_heads, s.kv_heads, s.q_len,
-                                       s.kv_len, s.head_dim, causal, p.q.data(),
-                                       p.k.data(), p.v.data(), p.o.data());
+                                       s.kv_len, s.head_dim, causal, false,
+                                       p.q.data(), p.k.data(), p.v.data(),
+                                       p.o.data());
   dnn.Run(1);
   const double e_dnn = max_err(p.o);
   const bool ok = e_simd <= 2e-5 && e_dnn <= 2e-5;
@@ -273,6 +277,147 @@ bool Verify(const Shape& s, bool causal) {
               s.Name().c_str(), causal ? "causal" : "none", e_simd, e_dnn,
               ok ? "ok" : "FAILED");
   return ok;
+}
+
+// ---------------------------------------------------------------- decode
+// Lq = 1 against a long KV cache, bound by reading K and V once. Caches are
+// kept cold by rotating through enough copies of Q/K/V to exceed twice the
+// last-level cache (one copy when it is already that large).
+
+enum class KvStore { kF32, kF16, kBF16 };
+
+const char* DecodeDtypeName(KvStore kv, bool onednn) {
+  if (onednn) return kv == KvStore::kF32 ? "f32" : "bf16";
+  switch (kv) {
+    case KvStore::kF32: return "f32";
+    case KvStore::kF16: return "qf32kvf16";
+    case KvStore::kBF16: return "qf32kvbf16";
+  }
+  return "";
+}
+
+size_t LastLevelCacheBytes() {
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return l3 > 0 ? static_cast<size_t>(l3) : (size_t{64} << 20);
+}
+
+// Copies of one decode problem, 16-bit K/V stored as raw bits.
+struct DecodeCopies {
+  std::vector<std::vector<float>> q;
+  std::vector<std::vector<uint16_t>> q16, k16, v16;
+  std::vector<std::vector<float>> k32, v32;
+  std::vector<float> o;
+  size_t copies = 1;
+  double kv_bytes = 0;  // K + V bytes of one copy, as stored
+};
+
+uint16_t RoundTo16(float x, KvStore t) {
+  return t == KvStore::kF16 ? simdattn::F32ToF16(x) : simdattn::F32ToBF16(x);
+}
+
+DecodeCopies MakeDecodeCopies(const Shape& s, KvStore kv, bool q16) {
+  DecodeCopies c;
+  const size_t nq = size_t(s.batch * s.q_heads * s.q_len * s.head_dim);
+  const size_t nkv = size_t(s.batch * s.kv_heads * s.kv_len * s.head_dim);
+  const size_t elem = kv == KvStore::kF32 ? 4 : 2;
+  c.kv_bytes = 2.0 * double(nkv) * double(elem);
+  c.copies = std::max<size_t>(1, size_t(2.0 * double(LastLevelCacheBytes()) / c.kv_bytes) + 1);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (size_t i = 0; i < c.copies; ++i) {
+    std::vector<float> q(nq);
+    for (float& x : q) x = dist(rng);
+    if (q16) {
+      std::vector<uint16_t> h(nq);
+      for (size_t j = 0; j < nq; ++j) h[j] = RoundTo16(q[j], kv);
+      c.q16.push_back(std::move(h));
+    }
+    c.q.push_back(std::move(q));
+    if (kv == KvStore::kF32) {
+      std::vector<float> k(nkv), v(nkv);
+      for (float& x : k) x = dist(rng);
+      for (float& x : v) x = dist(rng);
+      c.k32.push_back(std::move(k));
+      c.v32.push_back(std::move(v));
+    } else {
+      std::vector<uint16_t> k(nkv), v(nkv);
+      for (uint16_t& x : k) x = RoundTo16(dist(rng), kv);
+      for (uint16_t& x : v) x = RoundTo16(dist(rng), kv);
+      c.k16.push_back(std::move(k));
+      c.v16.push_back(std::move(v));
+    }
+  }
+  c.o.assign(nq, 0.0f);
+  return c;
+}
+
+void SetDecodeCounters(benchmark::State& state, const Shape& s, double kv_bytes) {
+  state.counters["bytes"] = benchmark::Counter(
+      kv_bytes * double(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["FLOPS"] = benchmark::Counter(
+      4.0 * double(s.batch * s.q_heads * s.q_len * s.kv_len * s.head_dim) *
+          double(state.iterations()),
+      benchmark::Counter::kIsRate);
+}
+
+void BenchDecodeSimdattn(benchmark::State& state, const Shape& s, KvStore kv,
+                         int threads) {
+  DecodeCopies c = MakeDecodeCopies(s, kv, false);
+  simdattn::ThreadPool pool(threads);
+  simdattn::ExecutionOptions exec;
+  exec.pool = &pool;
+  const simdattn::DType kv_type = kv == KvStore::kF32 ? simdattn::DType::kF32
+                                  : kv == KvStore::kF16 ? simdattn::DType::kF16
+                                                        : simdattn::DType::kBF16;
+  const auto o = simdattn::MakeBHSD(c.o.data(), simdattn::DType::kF32, s.batch,
+                                    s.q_heads, s.q_len, s.head_dim);
+  simdattn::RunInfo info;
+  size_t i = 0;
+  for (auto _ : state) {
+    const void* k = kv == KvStore::kF32 ? (const void*)c.k32[i].data() : c.k16[i].data();
+    const void* v = kv == KvStore::kF32 ? (const void*)c.v32[i].data() : c.v16[i].data();
+    const simdattn::Status st = simdattn::Attention(
+        simdattn::MakeBHSD(c.q[i].data(), simdattn::DType::kF32, s.batch, s.q_heads, s.q_len, s.head_dim),
+        simdattn::MakeBHSD(k, kv_type, s.batch, s.kv_heads, s.kv_len, s.head_dim),
+        simdattn::MakeBHSD(v, kv_type, s.batch, s.kv_heads, s.kv_len, s.head_dim),
+        o, {}, {}, exec, &info);
+    if (!st.ok()) {
+      state.SkipWithError(st.message.c_str());
+      return;
+    }
+    i = (i + 1) % c.copies;
+  }
+  state.SetLabel(info.target);
+  SetDecodeCounters(state, s, c.kv_bytes);
+}
+
+void BenchDecodeOneDnn(benchmark::State& state, const Shape& s, KvStore kv,
+                       int threads) {
+  const bool bf16 = kv == KvStore::kBF16;
+  DecodeCopies c = MakeDecodeCopies(s, kv, bf16);
+  auto ptrs = [&](size_t i, const void** q, const void** k, const void** v) {
+    *q = bf16 ? (const void*)c.q16[i].data() : c.q[i].data();
+    *k = bf16 ? (const void*)c.k16[i].data() : c.k32[i].data();
+    *v = bf16 ? (const void*)c.v16[i].data() : c.v32[i].data();
+  };
+  const void *q, *k, *v;
+  ptrs(0, &q, &k, &v);
+  simdattn::bench::OneDnnAttention attn(s.batch, s.q_heads, s.kv_heads, s.q_len,
+                                        s.kv_len, s.head_dim, false, bf16, q, k,
+                                        v, c.o.data());
+  if (!attn.error().empty()) {
+    state.SkipWithError(attn.error().c_str());
+    return;
+  }
+  size_t i = 0;
+  for (auto _ : state) {
+    ptrs(i, &q, &k, &v);
+    attn.SetInputs(q, k, v);
+    attn.Run(threads);
+    i = (i + 1) % c.copies;
+  }
+  state.SetLabel(attn.implementations());
+  SetDecodeCounters(state, s, c.kv_bytes);
 }
 
 // Keeps the median of each entry for the summary table.
@@ -290,7 +435,11 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       std::string name = r.run_name.str();
       const size_t rt = name.find("/real_time");
       if (rt != std::string::npos) name.erase(rt);
-      if (median || medians_.count(name) == 0) medians_[name] = {double(it->second), r.report_label};
+      auto bytes = r.counters.find("bytes");
+      const double byte_rate = bytes == r.counters.end() ? 0.0 : double(bytes->second);
+      if (median || medians_.count(name) == 0) {
+        medians_[name] = {double(it->second), byte_rate, r.report_label};
+      }
     }
   }
 
@@ -301,6 +450,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     for (const auto& [name, m] : medians_) {
       // name = attention/<impl>/<dtype>/<shape>/<mask>/threads:<n>
       if (name.rfind("attention/", 0) != 0) continue;
+      if (name.find("_Lq1_") != std::string::npos) continue;  // decode, below
       const size_t a = name.find('/') + 1, b = name.find('/', a);
       const std::string impl = name.substr(a, b - a);
       const size_t c = name.find('/', b + 1);
@@ -334,6 +484,37 @@ class SummaryReporter : public benchmark::ConsoleReporter {
                   rest.c_str(), label.c_str(), m.flops * 1e-9, peak.c_str(),
                   vs_dnn.c_str(), vs_naive.c_str());
     }
+    // Decode: bound by reading K and V once.
+    std::printf("\n%-9s %-48s %9s %9s %9s\n", "impl", "decode (K+V read)",
+                "GB/s", "%read_bw", "vs oneDNN");
+    for (const auto& [name, m] : medians_) {
+      if (name.rfind("attention/", 0) != 0 || name.find("_Lq1_") == std::string::npos) continue;
+      const size_t a = name.find('/') + 1, b = name.find('/', a);
+      const std::string impl = name.substr(a, b - a);
+      const size_t c = name.find('/', b + 1);
+      const std::string dtype = name.substr(b + 1, c - b - 1);
+      const std::string threads = name.substr(name.rfind("/threads:") + 9);
+      std::string pct, vs;
+      auto bw = medians_.find("roofline/read_bw/threads:" + threads);
+      if (bw != medians_.end() && bw->second.flops > 0) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%.0f%%", 100.0 * m.bytes / bw->second.flops);
+        pct = buf;
+      }
+      if (impl == "simdattn") {
+        // f32 against oneDNN f32, a 16-bit KV cache against oneDNN bf16.
+        const std::string dnn_dtype = dtype == "f32" ? "f32" : "bf16";
+        auto it = medians_.find("attention/onednn/" + dnn_dtype + name.substr(c));
+        if (it != medians_.end() && it->second.bytes > 0) {
+          char buf[32];
+          std::snprintf(buf, sizeof(buf), "%.2fx", m.bytes / it->second.bytes);
+          vs = buf;
+        }
+      }
+      std::printf("%-9s %-48s %9.1f %9s %9s\n", impl.c_str(),
+                  name.substr(b + 1).c_str(), m.bytes * 1e-9, pct.c_str(), vs.c_str());
+    }
+    std::printf("\n");
     for (const auto& [name, m] : medians_) {
       if (name.rfind("roofline/", 0) != 0) continue;
       std::printf("%-54s %9.1f G/s\n", name.c_str(), m.flops * 1e-9);
@@ -367,6 +548,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
  private:
   struct Median {
     double flops;
+    double bytes;
     std::string label;
   };
   std::map<std::string, Median> medians_;
@@ -440,6 +622,24 @@ int main(int argc, char** argv) {
       }
     }
   }
+  for (int64_t lk : {4096, 16384, 65536}) {
+    const Shape s{1, 32, 8, 1, lk, 128};
+    for (int threads : {1, 2}) {
+      const std::string t = "/" + s.Name() + "/none/threads:" + std::to_string(threads);
+      for (KvStore kv : {KvStore::kF32, KvStore::kF16, KvStore::kBF16}) {
+        benchmark::RegisterBenchmark(
+            (std::string("attention/simdattn/") + DecodeDtypeName(kv, false) + t).c_str(),
+            [s, kv, threads](benchmark::State& st) { BenchDecodeSimdattn(st, s, kv, threads); })
+            ->UseRealTime()->Unit(benchmark::kMillisecond);
+        if (kv == KvStore::kF16) continue;  // oneDNN 2.6 matmul: f32 or bf16
+        benchmark::RegisterBenchmark(
+            (std::string("attention/onednn/") + DecodeDtypeName(kv, true) + t).c_str(),
+            [s, kv, threads](benchmark::State& st) { BenchDecodeOneDnn(st, s, kv, threads); })
+            ->UseRealTime()->Unit(benchmark::kMillisecond);
+      }
+    }
+  }
+
   if (!verified) {
     std::fprintf(stderr, "simdattn_bench: verification failed\n");
     return 1;
