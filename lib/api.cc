@@ -262,6 +262,11 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     // into fixed chunks (flash-decoding) so that every thread streams even
     // when B x Hkv is small. Neither depends on the thread count.
     args.block_rows = kernels.query_block_rows();
+    // A group with at most half a block of rows (decode) takes one vector
+    // of queries: the second would only compute padding.
+    if (p.group * p.q_len * 2 <= args.block_rows && args.block_rows % 2 == 0) {
+      args.block_rows /= 2;
+    }
     args.num_blocks = (p.group * p.q_len + args.block_rows - 1) / args.block_rows;
     args.num_chunks = 1;
     args.chunk_keys = p.kv_len;

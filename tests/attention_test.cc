@@ -142,8 +142,9 @@ void ExpectBlockSizeOfTarget(const Case& c, const RunInfo& info) {
   if (lanes == 0) return;
   // Blocks of 2 vectors over the G * Lq rows of each KV group; calls with at
   // most 16 queries split more than 512 keys into chunks (lib/api.cc).
-  const int64_t rows = 2 * lanes;
   const int64_t group_rows = c.q_heads / c.kv_heads * c.q_len;
+  // One vector when a group fills at most half of two (decode).
+  const int64_t rows = group_rows <= lanes ? lanes : 2 * lanes;
   int64_t chunks = 1;
   if (c.q_len <= 16 && c.kv_len > 512) {
     const int64_t min_chunk = (c.kv_len + 255) / 256;

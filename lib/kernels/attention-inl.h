@@ -149,6 +149,7 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
                                  float* HWY_RESTRICT scratch) {
   const hn::ScalableTag<float> d;
   const int64_t mq = a.block_rows;
+  const int cols = static_cast<int>(mq / static_cast<int64_t>(hn::Lanes(d)));
   const ScratchLayout lay = MakeLayout(a.head_dim_qk, a.head_dim_v);
   float* HWY_RESTRICT qt = scratch + lay.qt;
   float* HWY_RESTRICT st = scratch + lay.st;
@@ -263,29 +264,29 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
       v_row = dv;
     }
     // S^T: rows are keys (broadcast along the head dim), reduction over Dk.
-    TileGemmRows<false, false>(d, nk, kt, k_row, 1, qt, mq, dk, nullptr, st,
-                               mq);
-    if (a.softcap > 0.0f) SoftcapTile(d, a.softcap, nk, st);
-    if (a.alibi_slopes != nullptr) AlibiTile(d, rt, kv_begin, nk, st);
+    TileGemmRows<false, false>(d, cols, nk, kt, k_row, 1, qt, mq, dk, nullptr,
+                               st, mq);
+    if (a.softcap > 0.0f) SoftcapTile(d, cols, a.softcap, nk, st);
+    if (a.alibi_slopes != nullptr) AlibiTile(d, cols, rt, kv_begin, nk, st);
     if (has_mask) ExplicitMaskTile(a, b, rt, rows, kv_begin, nk, mq, st);
     // Index masks only where some row's window ends inside the tile.
     const bool cut_hi = has_hi && kv_begin + nk - 1 > p_first + right;
     const bool cut_lo = has_lo && kv_begin < p_last - left;
     if (cut_hi || cut_lo) {
-      IndexMaskTile(d, rt, kv_begin, nk, cut_hi, offset + right, cut_lo,
+      IndexMaskTile(d, cols, rt, kv_begin, nk, cut_hi, offset + right, cut_lo,
                     offset - left, st);
     }
-    const bool rescale = SoftmaxTile(d, st, nk, m, l, alpha);
+    const bool rescale = SoftmaxTile(d, cols, st, nk, m, l, alpha);
     if (a.dropout_p > 0.0f) DropoutTile(a, b, rt, rows, kv_begin, nk, mq, st);
     // O^T: rows are value dims (broadcast along the keys), reduction over the
     // tile's keys; the old O^T is rescaled by alpha on the way in.
     const float* scale = rescale ? alpha : nullptr;
     if (cut_hi || cut_lo || has_mask) {
-      TileGemmRows<true, true>(d, dv, vt, 1, v_row, st, mq, nk, scale, acc,
-                               mq);
+      TileGemmRows<true, true>(d, cols, dv, vt, 1, v_row, st, mq, nk, scale,
+                               acc, mq);
     } else {
-      TileGemmRows<true, false>(d, dv, vt, 1, v_row, st, mq, nk, scale, acc,
-                                mq);
+      TileGemmRows<true, false>(d, cols, dv, vt, 1, v_row, st, mq, nk, scale,
+                                acc, mq);
     }
   }
 

@@ -38,14 +38,14 @@ namespace hn = hwy::HWY_NAMESPACE;
 // only: every operation here is per lane.
 
 // One step of the recurrence for the query vector at lane offset `col` of a
-// transposed tile (row stride kTileCols * Lanes): turns the scores into p_j in
+// transposed tile (row stride `stride` floats): turns the scores into p_j in
 // place, updates m, l (vectors of this column) and writes alpha. Returns
 // whether any lane's max grew (alpha != 1 somewhere).
 template <class D>
-HWY_INLINE bool SoftmaxColumn(D d, float* HWY_RESTRICT st, int64_t num_keys,
-                              float* HWY_RESTRICT m, float* HWY_RESTRICT l,
+HWY_INLINE bool SoftmaxColumn(D d, size_t stride, float* HWY_RESTRICT st,
+                              int64_t num_keys, float* HWY_RESTRICT m,
+                              float* HWY_RESTRICT l,
                               float* HWY_RESTRICT alpha) {
-  const size_t stride = kTileCols * hn::Lanes(d);
   const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
   // Max over the tile's keys: two chains to halve the dependency length.
   auto mx0 = neg_inf, mx1 = neg_inf;
@@ -83,17 +83,17 @@ HWY_INLINE bool SoftmaxColumn(D d, float* HWY_RESTRICT st, int64_t num_keys,
   return !hn::AllTrue(d, hn::Eq(m_new, m_old));
 }
 
-// Applies the recurrence to a whole transposed tile (kTileCols query
+// Applies the recurrence to a whole transposed tile (`cols` query
 // vectors); returns whether the output needs rescaling by alpha.
 template <class D>
-HWY_INLINE bool SoftmaxTile(D d, float* HWY_RESTRICT st, int64_t num_keys,
-                            float* HWY_RESTRICT m, float* HWY_RESTRICT l,
-                            float* HWY_RESTRICT alpha) {
+HWY_INLINE bool SoftmaxTile(D d, int cols, float* HWY_RESTRICT st,
+                            int64_t num_keys, float* HWY_RESTRICT m,
+                            float* HWY_RESTRICT l, float* HWY_RESTRICT alpha) {
   const size_t N = hn::Lanes(d);
   bool rescale = false;
-  for (size_t c = 0; c < static_cast<size_t>(kTileCols); ++c) {
-    rescale |= SoftmaxColumn(d, st + c * N, num_keys, m + c * N, l + c * N,
-                             alpha + c * N);
+  for (size_t c = 0; c < static_cast<size_t>(cols); ++c) {
+    rescale |= SoftmaxColumn(d, cols * N, st + c * N, num_keys, m + c * N,
+                             l + c * N, alpha + c * N);
   }
   return rescale;
 }

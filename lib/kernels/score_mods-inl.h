@@ -43,14 +43,14 @@ struct RowTable {
 };
 
 // Every function works on a transposed tile st of num_keys rows (key
-// kv_begin + j in row j) and kTileCols vectors of queries (query
-// q_begin + c * N + lane), row stride kTileCols * N.
+// kv_begin + j in row j) and `cols` vectors of queries (lane r is the row
+// table's query r), row stride cols * N.
 
 // s = cap * tanh(s / cap) (Gemma 2).
 template <class D>
-HWY_INLINE void SoftcapTile(D d, float cap, int64_t num_keys,
+HWY_INLINE void SoftcapTile(D d, int cols, float cap, int64_t num_keys,
                             float* HWY_RESTRICT st) {
-  const size_t n = static_cast<size_t>(num_keys) * kTileCols * hn::Lanes(d);
+  const size_t n = static_cast<size_t>(num_keys) * cols * hn::Lanes(d);
   const auto vcap = hn::Set(d, cap);
   const auto inv = hn::Set(d, 1.0f / cap);
   for (size_t i = 0; i < n; i += hn::Lanes(d)) {
@@ -62,18 +62,18 @@ HWY_INLINE void SoftcapTile(D d, float cap, int64_t num_keys,
 // s -= slope * |p(i) - j|, slope and p(i) per lane from the row table.
 // Positions are exact in f32 up to 2^24 (checked by the driver).
 template <class D>
-HWY_INLINE void AlibiTile(D d, const RowTable& rt, int64_t kv_begin,
+HWY_INLINE void AlibiTile(D d, int cols, const RowTable& rt, int64_t kv_begin,
                           int64_t num_keys, float* HWY_RESTRICT st) {
   const size_t N = hn::Lanes(d);
-  const auto s0 = hn::LoadU(d, rt.slope), s1 = hn::LoadU(d, rt.slope + N);
-  const auto p0 = hn::LoadU(d, rt.pos), p1 = hn::LoadU(d, rt.pos + N);
-  for (int64_t j = 0; j < num_keys; ++j) {
-    const auto key = hn::Set(d, static_cast<float>(kv_begin + j));
-    float* HWY_RESTRICT row = st + j * kTileCols * N;
-    hn::Store(hn::NegMulAdd(s0, hn::Abs(hn::Sub(p0, key)), hn::Load(d, row)),
-              d, row);
-    hn::Store(hn::NegMulAdd(s1, hn::Abs(hn::Sub(p1, key)), hn::Load(d, row + N)),
-              d, row + N);
+  for (int c = 0; c < cols; ++c) {
+    const auto slope = hn::LoadU(d, rt.slope + c * N);
+    const auto pos = hn::LoadU(d, rt.pos + c * N);
+    for (int64_t j = 0; j < num_keys; ++j) {
+      const auto key = hn::Set(d, static_cast<float>(kv_begin + j));
+      float* HWY_RESTRICT x = st + j * cols * N + c * N;
+      hn::Store(hn::NegMulAdd(slope, hn::Abs(hn::Sub(pos, key)), hn::Load(d, x)),
+                d, x);
+    }
   }
 }
 
@@ -111,33 +111,31 @@ inline void ExplicitMaskTile(const AttentionArgsF32& a, int64_t b,
 // i <= j - lo_shift (j >= p(i) - left bound). A disabled bound passes
 // has_hi / has_lo = false. Shifts fit int32 (checked by the driver).
 template <class D>
-HWY_INLINE void IndexMaskTile(D d, const RowTable& rt, int64_t kv_begin,
-                              int64_t num_keys, bool has_hi, int64_t hi_shift,
-                              bool has_lo, int64_t lo_shift,
+HWY_INLINE void IndexMaskTile(D d, int cols, const RowTable& rt,
+                              int64_t kv_begin, int64_t num_keys, bool has_hi,
+                              int64_t hi_shift, bool has_lo, int64_t lo_shift,
                               float* HWY_RESTRICT st) {
   const hn::RebindToSigned<D> di;
   const size_t N = hn::Lanes(d);
   const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-  const auto i0 = hn::LoadU(di, rt.query);
-  const auto i1 = hn::LoadU(di, rt.query + N);
-  for (int64_t j = 0; j < num_keys; ++j) {
-    const int64_t key = kv_begin + j;
-    // Thresholds beyond int32 mean "no query of this block is affected".
-    const int64_t first = has_hi ? key - hi_shift : INT32_MIN;
-    const int64_t last = has_lo ? key - lo_shift : INT32_MAX;
-    const auto t_first = hn::Set(
-        di, static_cast<int32_t>(first < INT32_MIN ? INT32_MIN
-                                 : first > INT32_MAX ? INT32_MAX : first));
-    const auto t_last = hn::Set(
-        di, static_cast<int32_t>(last < INT32_MIN ? INT32_MIN
-                                 : last > INT32_MAX ? INT32_MAX : last));
-    float* HWY_RESTRICT row = st + j * kTileCols * N;
-    const auto hide0 = hn::Or(hn::Lt(i0, t_first), hn::Gt(i0, t_last));
-    const auto hide1 = hn::Or(hn::Lt(i1, t_first), hn::Gt(i1, t_last));
-    hn::Store(hn::IfThenElse(hn::RebindMask(d, hide0), neg_inf,
-                             hn::Load(d, row)), d, row);
-    hn::Store(hn::IfThenElse(hn::RebindMask(d, hide1), neg_inf,
-                             hn::Load(d, row + N)), d, row + N);
+  for (int c = 0; c < cols; ++c) {
+    const auto query = hn::LoadU(di, rt.query + c * N);
+    for (int64_t j = 0; j < num_keys; ++j) {
+      const int64_t key = kv_begin + j;
+      // Thresholds beyond int32 mean "no query of this block is affected".
+      const int64_t first = has_hi ? key - hi_shift : INT32_MIN;
+      const int64_t last = has_lo ? key - lo_shift : INT32_MAX;
+      const auto t_first = hn::Set(
+          di, static_cast<int32_t>(first < INT32_MIN ? INT32_MIN
+                                   : first > INT32_MAX ? INT32_MAX : first));
+      const auto t_last = hn::Set(
+          di, static_cast<int32_t>(last < INT32_MIN ? INT32_MIN
+                                   : last > INT32_MAX ? INT32_MAX : last));
+      float* HWY_RESTRICT x = st + j * cols * N + c * N;
+      const auto hide = hn::Or(hn::Lt(query, t_first), hn::Gt(query, t_last));
+      hn::Store(hn::IfThenElse(hn::RebindMask(d, hide), neg_inf, hn::Load(d, x)),
+                d, x);
+    }
   }
 }
 

@@ -31,6 +31,8 @@ constexpr int kTileRows = 4;
 #else
 constexpr int kTileRows = 8;
 #endif
+// Query vectors per block: 2, or 1 for blocks with few rows (decode), where
+// a second vector would only compute padding.
 constexpr int kTileCols = 2;
 
 // For rows r < kRows and vectors c < kTileCols:
@@ -48,13 +50,13 @@ constexpr int kTileCols = 2;
 // key whose weight underflowed to +0.0 in f32 is skipped too; it adds 0
 // either way unless its V is Inf/NaN. Dropped keys carry -0.0 and are
 // multiplied.)
-template <int kRows, bool kAccumulate, bool kGuard, class D>
+template <int kRows, int kCols, bool kAccumulate, bool kGuard, class D>
 HWY_INLINE void TileGemm(D d, const float* HWY_RESTRICT b, int64_t b_row,
                          int64_t b_t, const float* HWY_RESTRICT a, int64_t a_t,
                          int64_t n, const float* HWY_RESTRICT scale,
                          float* HWY_RESTRICT out, int64_t out_row) {
   static_assert(kRows >= 1 && kRows <= 8, "1 to 8 rows");
-  static_assert(kTileCols == 2, "the accumulators below are for 2 vectors");
+  static_assert(kCols == 1 || kCols == 2, "the accumulators below are for 1 or 2 vectors");
   const size_t N = hn::Lanes(d);
   using V = hn::VFromD<D>;
   V a00 = hn::Zero(d), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00;
@@ -64,10 +66,10 @@ HWY_INLINE void TileGemm(D d, const float* HWY_RESTRICT b, int64_t b_row,
 #define SIMDATTN_LOAD_ROW(R)                                        \
   if (R < kRows) {                                                  \
     a##R##0 = hn::Load(d, out + R * out_row);                       \
-    a##R##1 = hn::Load(d, out + R * out_row + N);                   \
+    if (kCols > 1) a##R##1 = hn::Load(d, out + R * out_row + N);    \
     if (scale != nullptr) {                                         \
       a##R##0 = hn::Mul(a##R##0, hn::Load(d, scale));               \
-      a##R##1 = hn::Mul(a##R##1, hn::Load(d, scale + N));           \
+      if (kCols > 1) a##R##1 = hn::Mul(a##R##1, hn::Load(d, scale + N)); \
     }                                                               \
   }
     SIMDATTN_LOAD_ROW(0) SIMDATTN_LOAD_ROW(1) SIMDATTN_LOAD_ROW(2)
@@ -77,7 +79,7 @@ HWY_INLINE void TileGemm(D d, const float* HWY_RESTRICT b, int64_t b_row,
   }
   for (int64_t t = 0; t < n; ++t) {
     const V x0 = hn::Load(d, a + t * a_t);
-    const V x1 = hn::Load(d, a + t * a_t + N);
+    const V x1 = kCols > 1 ? hn::Load(d, a + t * a_t + N) : x0;
     const float* HWY_RESTRICT bt = b + t * b_t;
     if (kGuard) {
       const hn::RebindToUnsigned<D> du;
@@ -87,7 +89,9 @@ HWY_INLINE void TileGemm(D d, const float* HWY_RESTRICT b, int64_t b_row,
   if (R < kRows) {                                                          \
     const V y = hn::Set(d, bt[R * b_row]);                                  \
     a##R##0 = hn::IfThenElse(hide0, a##R##0, hn::MulAdd(y, x0, a##R##0));   \
-    a##R##1 = hn::IfThenElse(hide1, a##R##1, hn::MulAdd(y, x1, a##R##1));   \
+    if (kCols > 1) {                                                        \
+      a##R##1 = hn::IfThenElse(hide1, a##R##1, hn::MulAdd(y, x1, a##R##1)); \
+    }                                                                       \
   }
       SIMDATTN_FMA_ROW(0) SIMDATTN_FMA_ROW(1) SIMDATTN_FMA_ROW(2)
       SIMDATTN_FMA_ROW(3) SIMDATTN_FMA_ROW(4) SIMDATTN_FMA_ROW(5)
@@ -98,7 +102,7 @@ HWY_INLINE void TileGemm(D d, const float* HWY_RESTRICT b, int64_t b_row,
   if (R < kRows) {                               \
     const V y = hn::Set(d, bt[R * b_row]);       \
     a##R##0 = hn::MulAdd(y, x0, a##R##0);        \
-    a##R##1 = hn::MulAdd(y, x1, a##R##1);        \
+    if (kCols > 1) a##R##1 = hn::MulAdd(y, x1, a##R##1); \
   }
       SIMDATTN_FMA_ROW(0) SIMDATTN_FMA_ROW(1) SIMDATTN_FMA_ROW(2)
       SIMDATTN_FMA_ROW(3) SIMDATTN_FMA_ROW(4) SIMDATTN_FMA_ROW(5)
@@ -109,7 +113,7 @@ HWY_INLINE void TileGemm(D d, const float* HWY_RESTRICT b, int64_t b_row,
 #define SIMDATTN_STORE_ROW(R)                        \
   if (R < kRows) {                                   \
     hn::Store(a##R##0, d, out + R * out_row);        \
-    hn::Store(a##R##1, d, out + R * out_row + N);    \
+    if (kCols > 1) hn::Store(a##R##1, d, out + R * out_row + N); \
   }
   SIMDATTN_STORE_ROW(0) SIMDATTN_STORE_ROW(1) SIMDATTN_STORE_ROW(2)
   SIMDATTN_STORE_ROW(3) SIMDATTN_STORE_ROW(4) SIMDATTN_STORE_ROW(5)
@@ -118,21 +122,38 @@ HWY_INLINE void TileGemm(D d, const float* HWY_RESTRICT b, int64_t b_row,
 }
 
 // TileGemm over any number of rows: full tiles of kTileRows, then single rows.
-template <bool kAccumulate, bool kGuard, class D>
-HWY_INLINE void TileGemmRows(D d, int64_t rows, const float* HWY_RESTRICT b,
+template <int kCols, bool kAccumulate, bool kGuard, class D>
+HWY_INLINE void TileGemmRowsCols(D d, int64_t rows, const float* HWY_RESTRICT b,
                              int64_t b_row, int64_t b_t,
                              const float* HWY_RESTRICT a, int64_t a_t,
                              int64_t n, const float* HWY_RESTRICT scale,
                              float* HWY_RESTRICT out, int64_t out_row) {
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows) {
-    TileGemm<kTileRows, kAccumulate, kGuard>(d, b + r * b_row, b_row, b_t, a,
+    TileGemm<kTileRows, kCols, kAccumulate, kGuard>(d, b + r * b_row, b_row, b_t, a,
                                              a_t, n, scale, out + r * out_row,
                                              out_row);
   }
   for (; r < rows; ++r) {
-    TileGemm<1, kAccumulate, kGuard>(d, b + r * b_row, b_row, b_t, a, a_t, n,
+    TileGemm<1, kCols, kAccumulate, kGuard>(d, b + r * b_row, b_row, b_t, a, a_t, n,
                                      scale, out + r * out_row, out_row);
+  }
+}
+
+// The same with the number of query vectors (1 or 2) chosen at run time.
+template <bool kAccumulate, bool kGuard, class D>
+HWY_INLINE void TileGemmRows(D d, int cols, int64_t rows,
+                             const float* HWY_RESTRICT b, int64_t b_row,
+                             int64_t b_t, const float* HWY_RESTRICT a,
+                             int64_t a_t, int64_t n,
+                             const float* HWY_RESTRICT scale,
+                             float* HWY_RESTRICT out, int64_t out_row) {
+  if (cols == 1) {
+    TileGemmRowsCols<1, kAccumulate, kGuard>(d, rows, b, b_row, b_t, a, a_t, n,
+                                             scale, out, out_row);
+  } else {
+    TileGemmRowsCols<2, kAccumulate, kGuard>(d, rows, b, b_row, b_t, a, a_t, n,
+                                             scale, out, out_row);
   }
 }
 
