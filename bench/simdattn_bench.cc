@@ -43,12 +43,15 @@ struct Shape {
   }
 };
 
-// Query-key pairs that take part (causal top-left: row i sees i + 1 keys).
-double VisiblePairs(const Shape& s, bool causal) {
+// Query-key pairs that take part (causal top-left: row i sees i + 1 keys;
+// a left window keeps at most window_left + 1 of them).
+double VisiblePairs(const Shape& s, bool causal, int64_t window_left = -1) {
   if (!causal) return double(s.q_len) * double(s.kv_len);
   double pairs = 0;
   for (int64_t i = 0; i < s.q_len; ++i) {
-    pairs += double(std::min<int64_t>(s.kv_len, i + 1));
+    int64_t n = std::min<int64_t>(s.kv_len, i + 1);
+    if (window_left >= 0) n = std::min<int64_t>(n, window_left + 1);
+    pairs += double(n);
   }
   return pairs;
 }
@@ -112,9 +115,10 @@ void NaiveAttention(const Problem& p, bool causal, std::vector<float>* scores) {
   }
 }
 
-void SetCounters(benchmark::State& state, const Shape& s, bool causal) {
-  const double flops = 4.0 * double(s.batch * s.q_heads) * VisiblePairs(s, causal) *
-                       double(s.head_dim);
+void SetCounters(benchmark::State& state, const Shape& s, bool causal,
+                 int64_t window_left = -1) {
+  const double flops = 4.0 * double(s.batch * s.q_heads) *
+                       VisiblePairs(s, causal, window_left) * double(s.head_dim);
   const double bytes =
       4.0 * double(s.head_dim) *
       double(2 * s.batch * s.q_heads * s.q_len + 2 * s.batch * s.kv_heads * s.kv_len);
@@ -124,7 +128,57 @@ void SetCounters(benchmark::State& state, const Shape& s, bool causal) {
       bytes * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
-void BenchSimdattn(benchmark::State& state, const Shape& s, bool causal,
+// An option of SEMANTICS.md applied on top of plain or causal attention, for
+// the per-option cost entries. Arrays live as long as the benchmark.
+struct Variant {
+  std::string name = "none";  // entry's mask field: none, causal, softcap...
+  bool causal = false;
+  int64_t window_left = -1;
+  float softcap = 0.0f;
+  bool alibi = false, sinks = false, mask_bool = false, mask_add = false;
+  bool kv_lengths = false;
+  float dropout = 0.0f;
+};
+
+struct VariantData {
+  std::vector<float> slopes, sinks, mask_f32;
+  std::vector<uint8_t> mask_u8;
+  std::vector<int64_t> lens;
+};
+
+simdattn::AttentionOptions MakeOptions(const Shape& s, const Variant& v,
+                                       VariantData* data) {
+  simdattn::AttentionOptions o;
+  o.causal = v.causal;
+  o.window_left = v.window_left;
+  o.softcap = v.softcap;
+  if (v.alibi) {
+    for (int64_t h = 0; h < s.q_heads; ++h) data->slopes.push_back(std::ldexp(1.0f, -int(h + 1)));
+    o.alibi_slopes = data->slopes.data();
+  }
+  if (v.sinks) {
+    data->sinks.assign(size_t(s.q_heads), 0.0f);
+    o.sinks = data->sinks.data();
+  }
+  // Masks that hide nothing, broadcast as one [Lq, Lk] for every head.
+  if (v.mask_bool) {
+    data->mask_u8.assign(size_t(s.q_len * s.kv_len), 1);
+    o.mask = simdattn::MakeBHSD(data->mask_u8.data(), simdattn::DType::kBool, 1, 1, s.q_len, s.kv_len);
+  }
+  if (v.mask_add) {
+    data->mask_f32.assign(size_t(s.q_len * s.kv_len), 0.0f);
+    o.mask = simdattn::MakeBHSD(data->mask_f32.data(), simdattn::DType::kF32, 1, 1, s.q_len, s.kv_len);
+  }
+  if (v.kv_lengths) {
+    data->lens.assign(size_t(s.batch), s.kv_len);
+    o.kv_lengths = data->lens.data();
+  }
+  o.dropout_p = v.dropout;
+  o.dropout_seed = 1;
+  return o;
+}
+
+void BenchSimdattn(benchmark::State& state, const Shape& s, const Variant& var,
                    int threads) {
   static std::map<std::string, std::unique_ptr<Problem>> problems;
   auto& slot = problems[s.Name()];
@@ -133,8 +187,8 @@ void BenchSimdattn(benchmark::State& state, const Shape& s, bool causal,
   simdattn::ThreadPool pool(threads);
   simdattn::ExecutionOptions exec;
   exec.pool = &pool;
-  simdattn::AttentionOptions options;
-  options.causal = causal;
+  VariantData data;
+  const simdattn::AttentionOptions options = MakeOptions(s, var, &data);
   const auto q = simdattn::MakeBHSD(p.q.data(), simdattn::DType::kF32, s.batch,
                                     s.q_heads, s.q_len, s.head_dim);
   const auto k = simdattn::MakeBHSD(p.k.data(), simdattn::DType::kF32, s.batch,
@@ -154,7 +208,7 @@ void BenchSimdattn(benchmark::State& state, const Shape& s, bool causal,
     benchmark::DoNotOptimize(p.o.data());
   }
   state.SetLabel(info.target);
-  SetCounters(state, s, causal);
+  SetCounters(state, s, var.causal, var.window_left);
 }
 
 void BenchNaive(benchmark::State& state, const Shape& s, bool causal) {
@@ -484,6 +538,31 @@ class SummaryReporter : public benchmark::ConsoleReporter {
                   rest.c_str(), label.c_str(), m.flops * 1e-9, peak.c_str(),
                   vs_dnn.c_str(), vs_naive.c_str());
     }
+    // Option costs: time relative to plain attention with the same visible
+    // pairs (from the FLOPS rates), and the window's speed-up over causal.
+    const std::string base = "attention/simdattn/f32/B1_Hq8_Hkv8_Lq2048_Lk2048_D128/";
+    auto plain = medians_.find(base + "none/threads:1");
+    if (plain != medians_.end()) {
+      std::printf("\n%-40s %12s\n", "option (B1 H8 L2048 D128, 1 thread)", "extra time");
+      for (const char* opt : {"softcap", "alibi", "sinks", "mask_bool", "mask_add",
+                              "kv_lengths", "dropout"}) {
+        auto it = medians_.find(base + opt + "/threads:1");
+        if (it == medians_.end() || it->second.flops <= 0) continue;
+        std::printf("%-40s %11.0f%%\n", opt,
+                    100.0 * (plain->second.flops / it->second.flops - 1.0));
+      }
+    }
+    const std::string wbase = "attention/simdattn/f32/B1_Hq8_Hkv8_Lq8192_Lk8192_D128/";
+    auto full = medians_.find(wbase + "causal/threads:1");
+    auto win = medians_.find(wbase + "causal_window512/threads:1");
+    if (full != medians_.end() && win != medians_.end() && win->second.flops > 0) {
+      // time = flops / rate, with the visible pairs of each.
+      Shape w{1, 8, 8, 8192, 8192, 128};
+      const double t_full = VisiblePairs(w, true) / full->second.flops;
+      const double t_win = VisiblePairs(w, true, 511) / win->second.flops;
+      std::printf("window 512 over L 8192 vs full causal: %.1fx faster\n", t_full / t_win);
+    }
+
     // Decode: bound by reading K and V once.
     std::printf("\n%-9s %-48s %9s %9s %9s\n", "impl", "decode (K+V read)",
                 "GB/s", "%read_bw", "vs oneDNN");
@@ -603,9 +682,12 @@ int main(int argc, char** argv) {
       const std::string base = "f32/" + s.Name() + "/" + mask;
       for (int threads : {1, 2}) {
         const std::string t = "/threads:" + std::to_string(threads);
+        Variant var;
+        var.name = mask;
+        var.causal = causal;
         benchmark::RegisterBenchmark(("attention/simdattn/" + base + t).c_str(),
-                                     [s, causal, threads](benchmark::State& st) {
-                                       BenchSimdattn(st, s, causal, threads);
+                                     [s, var, threads](benchmark::State& st) {
+                                       BenchSimdattn(st, s, var, threads);
                                      })
             ->UseRealTime()->Unit(benchmark::kMillisecond);
         benchmark::RegisterBenchmark(("attention/onednn/" + base + t).c_str(),
@@ -622,6 +704,36 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // The cost of each option (SEMANTICS.md) on top of plain attention with the
+  // same visible pairs, and a 512-key sliding window against full causal.
+  {
+    const Shape s{1, 8, 8, 2048, 2048, 128};
+    std::vector<Variant> vars(7);
+    vars[0].name = "softcap", vars[0].softcap = 30.0f;
+    vars[1].name = "alibi", vars[1].alibi = true;
+    vars[2].name = "sinks", vars[2].sinks = true;
+    vars[3].name = "mask_bool", vars[3].mask_bool = true;
+    vars[4].name = "mask_add", vars[4].mask_add = true;
+    vars[5].name = "kv_lengths", vars[5].kv_lengths = true;
+    vars[6].name = "dropout", vars[6].dropout = 0.1f;
+    for (const Variant& var : vars) {
+      benchmark::RegisterBenchmark(
+          ("attention/simdattn/f32/" + s.Name() + "/" + var.name + "/threads:1").c_str(),
+          [s, var](benchmark::State& st) { BenchSimdattn(st, s, var, 1); })
+          ->UseRealTime()->Unit(benchmark::kMillisecond);
+    }
+    const Shape w{1, 8, 8, 8192, 8192, 128};
+    Variant causal, window;
+    causal.name = "causal", causal.causal = true;
+    window.name = "causal_window512", window.causal = true, window.window_left = 511;
+    for (const Variant& var : {causal, window}) {
+      benchmark::RegisterBenchmark(
+          ("attention/simdattn/f32/" + w.Name() + "/" + var.name + "/threads:1").c_str(),
+          [w, var](benchmark::State& st) { BenchSimdattn(st, w, var, 1); })
+          ->UseRealTime()->Unit(benchmark::kMillisecond);
+    }
+  }
+
   for (int64_t lk : {4096, 16384, 65536}) {
     const Shape s{1, 32, 8, 1, lk, 128};
     for (int threads : {1, 2}) {
