@@ -18,6 +18,7 @@
 
 #include "hwy/highway.h"
 #include "lib/kernels/convert-inl.h"
+#include "lib/kernels/decode-inl.h"
 #include "lib/kernels/kernels.h"
 #include "lib/kernels/online_softmax-inl.h"
 #include "lib/kernels/score_mods-inl.h"
@@ -86,12 +87,13 @@ inline size_t ScratchFloatsImpl(int64_t head_dim_qk, int64_t head_dim_v) {
   return static_cast<size_t>(MakeLayout(head_dim_qk, head_dim_v).total);
 }
 
-// O = acc / l for the block's valid rows; rows without a visible key (l == 0)
+// O = acc / l for the block's valid rows (element e of row r at
+// acc[e * e_stride + r * r_stride]); rows without a visible key (l == 0)
 // get zeros and LSE = -inf. l is NaN (not 0) for rows that saw NaN, which
 // then stays NaN. 16-bit O is rounded to nearest even.
 inline void WriteRows(const AttentionArgsF32& a, int64_t b, const RowTable& rt,
                       int64_t rows, const float* m, const float* l,
-                      const float* acc, int64_t mq) {
+                      const float* acc, int64_t e_stride, int64_t r_stride) {
   const int64_t dv = a.head_dim_v;
   const int64_t o_size = a.o_type == 0 ? 4 : 2;
   for (int64_t r = 0; r < rows; ++r) {
@@ -102,11 +104,11 @@ inline void WriteRows(const AttentionArgsF32& a, int64_t b, const RowTable& rt,
                  rt.query[r] * a.o_strides[2]) * o_size;
     if (a.o_type == 0) {
       float* dst = reinterpret_cast<float*>(row);
-      for (int64_t e = 0; e < dv; ++e) dst[e] = acc[e * mq + r] * inv;
+      for (int64_t e = 0; e < dv; ++e) dst[e] = acc[e * e_stride + r * r_stride] * inv;
     } else {
       uint16_t* dst = reinterpret_cast<uint16_t*>(row);
       for (int64_t e = 0; e < dv; ++e) {
-        const float x = acc[e * mq + r] * inv;
+        const float x = acc[e * e_stride + r * r_stride] * inv;
         dst[e] = a.o_type == 1 ? F32ToF16(x) : F32ToBF16(x);
       }
     }
@@ -138,6 +140,84 @@ inline int64_t FillRowTable(const AttentionArgsF32& a, int64_t block,
     t->slope[r] = a.alibi_slopes != nullptr ? a.alibi_slopes[h] : 0.0f;
   }
   return rows;
+}
+
+// The decode micro-path for one task (args.decode_path): rows are the G
+// heads of the group at query 0, all seeing the same key range. Q rows go to
+// `qrows` ([G][Dk], scaled), outputs to `orow` ([G][Dv]); the result is
+// written as partials (split calls) or straight to O/LSE.
+inline void DecodeTaskF32(const AttentionArgsF32& a, int64_t task, int64_t b,
+                          int64_t hkv, const RowTable& rt, int64_t rows,
+                          int64_t kv_start, int64_t kv_end,
+                          float* HWY_RESTRICT qrows, float* HWY_RESTRICT s,
+                          float* HWY_RESTRICT orow, float* HWY_RESTRICT m,
+                          float* HWY_RESTRICT l, float* HWY_RESTRICT ktile,
+                          float* HWY_RESTRICT vtile) {
+  const hn::ScalableTag<float> d;
+  const int64_t dk = a.head_dim_qk;
+  const int64_t dv = a.head_dim_v;
+  const int64_t mq = a.block_rows;
+  const int64_t q_size = a.q_type == 0 ? 4 : 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const char* qr = static_cast<const char*>(a.q) +
+                     (b * a.q_strides[0] + rt.head[r] * a.q_strides[1] +
+                      rt.query[r] * a.q_strides[2]) * q_size;
+    for (int64_t i = 0; i < dk; ++i) {
+      const float x =
+          a.q_type == 0   ? reinterpret_cast<const float*>(qr)[i]
+          : a.q_type == 1 ? F16ToF32(reinterpret_cast<const uint16_t*>(qr)[i])
+                          : BF16ToF32(reinterpret_cast<const uint16_t*>(qr)[i]);
+      qrows[r * dk + i] = x * a.scale;
+    }
+  }
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    // Sinks as in the tiled path: at the start unsplit, in the combine split.
+    const float sink = a.sinks != nullptr && a.num_chunks == 1
+                           ? a.sinks[rt.head[r]] : neg_inf;
+    const bool has_sink = !(sink == neg_inf);
+    m[r] = has_sink ? sink : neg_inf;
+    l[r] = has_sink ? 1.0f : 0.0f;
+  }
+  std::fill(orow, orow + rows * dv, 0.0f);
+  const KvType kv_type = static_cast<KvType>(a.kv_type);
+  const int64_t kv_size = kv_type == KvType::kF32 ? 4 : 2;
+  const char* k = static_cast<const char*>(a.k) +
+                  (b * a.k_strides[0] + hkv * a.k_strides[1]) * kv_size;
+  const char* v = static_cast<const char*>(a.v) +
+                  (b * a.v_strides[0] + hkv * a.v_strides[1]) * kv_size;
+  for (int64_t kv_begin = kv_start; kv_begin < kv_end; kv_begin += kKeyTile) {
+    const int64_t nk = std::min(kKeyTile, kv_end - kv_begin);
+    const float* kt;
+    const float* vt;
+    int64_t k_row, v_row;
+    if (kv_type == KvType::kF32) {
+      kt = reinterpret_cast<const float*>(k) + kv_begin * a.k_strides[2];
+      vt = reinterpret_cast<const float*>(v) + kv_begin * a.v_strides[2];
+      k_row = a.k_strides[2];
+      v_row = a.v_strides[2];
+    } else {
+      WidenRows(d, reinterpret_cast<const uint16_t*>(k) + kv_begin * a.k_strides[2],
+                a.k_strides[2], kv_type, nk, dk, ktile);
+      WidenRows(d, reinterpret_cast<const uint16_t*>(v) + kv_begin * a.v_strides[2],
+                a.v_strides[2], kv_type, nk, dv, vtile);
+      kt = ktile;
+      vt = vtile;
+      k_row = dk;
+      v_row = dv;
+    }
+    DecodeTile(d, rows, qrows, dk, kt, k_row, vt, v_row, dv, nk, s, m, l, orow);
+  }
+  if (a.num_chunks > 1) {
+    float* out = a.partials + task * mq * (dv + 2);
+    for (int64_t r = 0; r < rows; ++r) {
+      out[r] = m[r];
+      out[mq + r] = l[r];
+      for (int64_t e = 0; e < dv; ++e) out[2 * mq + e * mq + r] = orow[r * dv + e];
+    }
+    return;
+  }
+  WriteRows(a, b, rt, rows, m, l, orow, 1, dv);
 }
 
 // Contract: args validated by the driver (f32/f16/bf16 storage, unit stride
@@ -201,6 +281,12 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
     kv_end = std::min(kv_end, (chunk + 1) * a.chunk_keys);
   }
   if (kv_start > kv_end) kv_start = kv_end;
+
+  if (a.decode_path) {
+    DecodeTaskF32(a, task, b, hkv, rt, rows, kv_start, kv_end, qt, st, acc, m,
+                  l, ktile, vtile);
+    return;
+  }
 
   // Pack the block transposed and scaled: qt[i][r] = scale * q_r[i]; padding
   // lanes repeat a valid row. 16-bit Q is widened exactly (scalar, Dk x rows
@@ -298,7 +384,7 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
     std::copy(acc, acc + dv * mq, out + 2 * mq);
     return;
   }
-  WriteRows(a, b, rt, rows, m, l, acc, mq);
+  WriteRows(a, b, rt, rows, m, l, acc, mq, 1);
 }
 
 // Split calls: merges the chunks of one block. With M = max_c m_c (and the
@@ -355,7 +441,7 @@ inline void CombineTaskF32Impl(const AttentionArgsF32& a, int64_t task) {
     m[r] = big;
     l[r] = empty ? 0.0f : total;
   }
-  WriteRows(a, b, rt, rows, m, l, merged, mq);
+  WriteRows(a, b, rt, rows, m, l, merged, mq, 1);
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
