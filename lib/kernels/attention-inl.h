@@ -142,6 +142,73 @@ inline int64_t FillRowTable(const AttentionArgsF32& a, int64_t block,
   return rows;
 }
 
+// The K/V rows of one (batch, KV head) group in their storage type.
+struct KvRows {
+  KvType type;
+  int64_t size;  // bytes per element
+  const char* k;
+  const char* v;
+
+  KvRows(const AttentionArgsF32& a, int64_t b, int64_t hkv)
+      : type(static_cast<KvType>(a.kv_type)),
+        size(type == KvType::kF32 ? 4 : 2),
+        k(static_cast<const char*>(a.k) +
+          (b * a.k_strides[0] + hkv * a.k_strides[1]) * size),
+        v(static_cast<const char*>(a.v) +
+          (b * a.v_strides[0] + hkv * a.v_strides[1]) * size) {}
+};
+
+// One K/V tile as f32 rows: in place for f32 storage, otherwise widened into
+// ktile/vtile once per tile and block (nk x (Dk + Dv) conversions against
+// 2 x nk x (Dk + Dv) x block-rows FMAs).
+struct KvTile {
+  const float* k;
+  const float* v;
+  int64_t k_row, v_row;  // f32 row strides
+};
+
+template <class D>
+HWY_INLINE KvTile LoadKvTile(D d, const AttentionArgsF32& a, const KvRows& src,
+                             int64_t kv_begin, int64_t nk,
+                             float* HWY_RESTRICT ktile,
+                             float* HWY_RESTRICT vtile) {
+  if (src.type == KvType::kF32) {
+    return {reinterpret_cast<const float*>(src.k) + kv_begin * a.k_strides[2],
+            reinterpret_cast<const float*>(src.v) + kv_begin * a.v_strides[2],
+            a.k_strides[2], a.v_strides[2]};
+  }
+  WidenRows(d, reinterpret_cast<const uint16_t*>(src.k) + kv_begin * a.k_strides[2],
+            a.k_strides[2], src.type, nk, a.head_dim_qk, ktile);
+  WidenRows(d, reinterpret_cast<const uint16_t*>(src.v) + kv_begin * a.v_strides[2],
+            a.v_strides[2], src.type, nk, a.head_dim_v, vtile);
+  return {ktile, vtile, a.head_dim_qk, a.head_dim_v};
+}
+
+// Element i of row r's query, widened exactly to f32.
+inline float QueryElement(const AttentionArgsF32& a, int64_t b,
+                          const RowTable& rt, int64_t r, int64_t i) {
+  const int64_t at = b * a.q_strides[0] + rt.head[r] * a.q_strides[1] +
+                     rt.query[r] * a.q_strides[2] + i;
+  if (a.q_type == 0) return static_cast<const float*>(a.q)[at];
+  const uint16_t h = static_cast<const uint16_t*>(a.q)[at];
+  return a.q_type == 1 ? F16ToF32(h) : BF16ToF32(h);
+}
+
+// Starts the online softmax of `n` rows. A sink (one logit per head, no
+// value) acts as a first key with score sink: m = sink, l = exp(sink - m) =
+// 1; a -inf sink is no sink. Split calls add the sink once, when combining.
+inline void InitRowState(const AttentionArgsF32& a, const RowTable& rt,
+                         int64_t n, float* m, float* l) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < n; ++r) {
+    const float sink = a.sinks != nullptr && a.num_chunks == 1
+                           ? a.sinks[rt.head[r]] : neg_inf;
+    const bool has_sink = !(sink == neg_inf);
+    m[r] = has_sink ? sink : neg_inf;
+    l[r] = has_sink ? 1.0f : 0.0f;
+  }
+}
+
 // The decode micro-path for one task (args.decode_path): rows are the G
 // heads of the group at query 0, all seeing the same key range. Q rows go to
 // `qrows` ([G][Dk], scaled), outputs to `orow` ([G][Dv]); the result is
@@ -157,56 +224,19 @@ inline void DecodeTaskF32(const AttentionArgsF32& a, int64_t task, int64_t b,
   const int64_t dk = a.head_dim_qk;
   const int64_t dv = a.head_dim_v;
   const int64_t mq = a.block_rows;
-  const int64_t q_size = a.q_type == 0 ? 4 : 2;
   for (int64_t r = 0; r < rows; ++r) {
-    const char* qr = static_cast<const char*>(a.q) +
-                     (b * a.q_strides[0] + rt.head[r] * a.q_strides[1] +
-                      rt.query[r] * a.q_strides[2]) * q_size;
     for (int64_t i = 0; i < dk; ++i) {
-      const float x =
-          a.q_type == 0   ? reinterpret_cast<const float*>(qr)[i]
-          : a.q_type == 1 ? F16ToF32(reinterpret_cast<const uint16_t*>(qr)[i])
-                          : BF16ToF32(reinterpret_cast<const uint16_t*>(qr)[i]);
-      qrows[r * dk + i] = x * a.scale;
+      qrows[r * dk + i] = QueryElement(a, b, rt, r, i) * a.scale;
     }
   }
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (int64_t r = 0; r < rows; ++r) {
-    // Sinks as in the tiled path: at the start unsplit, in the combine split.
-    const float sink = a.sinks != nullptr && a.num_chunks == 1
-                           ? a.sinks[rt.head[r]] : neg_inf;
-    const bool has_sink = !(sink == neg_inf);
-    m[r] = has_sink ? sink : neg_inf;
-    l[r] = has_sink ? 1.0f : 0.0f;
-  }
+  InitRowState(a, rt, rows, m, l);
   std::fill(orow, orow + rows * dv, 0.0f);
-  const KvType kv_type = static_cast<KvType>(a.kv_type);
-  const int64_t kv_size = kv_type == KvType::kF32 ? 4 : 2;
-  const char* k = static_cast<const char*>(a.k) +
-                  (b * a.k_strides[0] + hkv * a.k_strides[1]) * kv_size;
-  const char* v = static_cast<const char*>(a.v) +
-                  (b * a.v_strides[0] + hkv * a.v_strides[1]) * kv_size;
+  const KvRows src(a, b, hkv);
   for (int64_t kv_begin = kv_start; kv_begin < kv_end; kv_begin += kKeyTile) {
     const int64_t nk = std::min(kKeyTile, kv_end - kv_begin);
-    const float* kt;
-    const float* vt;
-    int64_t k_row, v_row;
-    if (kv_type == KvType::kF32) {
-      kt = reinterpret_cast<const float*>(k) + kv_begin * a.k_strides[2];
-      vt = reinterpret_cast<const float*>(v) + kv_begin * a.v_strides[2];
-      k_row = a.k_strides[2];
-      v_row = a.v_strides[2];
-    } else {
-      WidenRows(d, reinterpret_cast<const uint16_t*>(k) + kv_begin * a.k_strides[2],
-                a.k_strides[2], kv_type, nk, dk, ktile);
-      WidenRows(d, reinterpret_cast<const uint16_t*>(v) + kv_begin * a.v_strides[2],
-                a.v_strides[2], kv_type, nk, dv, vtile);
-      kt = ktile;
-      vt = vtile;
-      k_row = dk;
-      v_row = dv;
-    }
-    DecodeTile(d, rows, qrows, dk, kt, k_row, vt, v_row, dv, nk, s, m, l, orow);
+    const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
+    DecodeTile(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk, s, m,
+               l, orow);
   }
   if (a.num_chunks > 1) {
     float* out = a.partials + task * mq * (dv + 2);
@@ -291,64 +321,21 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
   // Pack the block transposed and scaled: qt[i][r] = scale * q_r[i]; padding
   // lanes repeat a valid row. 16-bit Q is widened exactly (scalar, Dk x rows
   // per block).
-  const int64_t q_size = a.q_type == 0 ? 4 : 2;
   for (int64_t r = 0; r < mq; ++r) {
-    const char* qr = static_cast<const char*>(a.q) +
-                     (b * a.q_strides[0] + rt.head[r] * a.q_strides[1] +
-                      rt.query[r] * a.q_strides[2]) * q_size;
-    if (a.q_type == 0) {
-      const float* qf = reinterpret_cast<const float*>(qr);
-      for (int64_t i = 0; i < dk; ++i) qt[i * mq + r] = qf[i] * a.scale;
-    } else {
-      const uint16_t* qh = reinterpret_cast<const uint16_t*>(qr);
-      for (int64_t i = 0; i < dk; ++i) {
-        const float x = a.q_type == 1 ? F16ToF32(qh[i]) : BF16ToF32(qh[i]);
-        qt[i * mq + r] = x * a.scale;
-      }
+    for (int64_t i = 0; i < dk; ++i) {
+      qt[i * mq + r] = QueryElement(a, b, rt, r, i) * a.scale;
     }
   }
   std::fill(acc, acc + dv * mq, 0.0f);
-  // A sink (one logit per head, no value) starts every row's recurrence as if
-  // it were a first key with score sink: m = sink, l = exp(sink - m) = 1. A
-  // -inf sink is no sink. Split calls add the sink once, when combining.
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (int64_t r = 0; r < mq; ++r) {
-    const float sink = a.sinks != nullptr && a.num_chunks == 1
-                           ? a.sinks[rt.head[r]] : neg_inf;
-    const bool has_sink = !(sink == neg_inf);
-    m[r] = has_sink ? sink : neg_inf;
-    l[r] = has_sink ? 1.0f : 0.0f;
-  }
-
-  const KvType kv_type = static_cast<KvType>(a.kv_type);
-  const int64_t kv_size = kv_type == KvType::kF32 ? 4 : 2;
-  const char* k = static_cast<const char*>(a.k) +
-                  (b * a.k_strides[0] + hkv * a.k_strides[1]) * kv_size;
-  const char* v = static_cast<const char*>(a.v) +
-                  (b * a.v_strides[0] + hkv * a.v_strides[1]) * kv_size;
+  InitRowState(a, rt, mq, m, l);
+  const KvRows src(a, b, hkv);
   const bool has_mask = a.mask_kind != 0;
   for (int64_t kv_begin = kv_start; kv_begin < kv_end; kv_begin += kKeyTile) {
     const int64_t nk = std::min(kKeyTile, kv_end - kv_begin);
-    const float* kt;
-    const float* vt;
-    int64_t k_row, v_row;  // f32 row strides of the tiles
-    if (kv_type == KvType::kF32) {
-      kt = reinterpret_cast<const float*>(k) + kv_begin * a.k_strides[2];
-      vt = reinterpret_cast<const float*>(v) + kv_begin * a.v_strides[2];
-      k_row = a.k_strides[2];
-      v_row = a.v_strides[2];
-    } else {
-      // Widened once per tile and block: nk x (Dk + Dv) conversions against
-      // 2 x nk x (Dk + Dv) x block-rows FMAs.
-      WidenRows(d, reinterpret_cast<const uint16_t*>(k) + kv_begin * a.k_strides[2],
-                a.k_strides[2], kv_type, nk, dk, ktile);
-      WidenRows(d, reinterpret_cast<const uint16_t*>(v) + kv_begin * a.v_strides[2],
-                a.v_strides[2], kv_type, nk, dv, vtile);
-      kt = ktile;
-      vt = vtile;
-      k_row = dk;
-      v_row = dv;
-    }
+    const KvTile tile = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
+    const float* kt = tile.k;
+    const float* vt = tile.v;
+    const int64_t k_row = tile.k_row, v_row = tile.v_row;
     // S^T: rows are keys (broadcast along the head dim), reduction over Dk.
     TileGemmRows<false, false>(d, cols, nk, kt, k_row, 1, qt, mq, dk, nullptr,
                                st, mq);
