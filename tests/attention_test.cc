@@ -720,6 +720,54 @@ TEST(VariantTest, ExplicitMasks) {
   }
 }
 
+TEST(VariantTest, MaskTilesHiddenFromEveryRowAreSkipped) {
+  // A block-sparse bool mask: query i sees keys [64 * (i / 40), +64) plus
+  // key 199; keys 130..198 are hidden from every query, and the V rows there
+  // hold NaN and Inf, which must not reach any output. Run with a window too,
+  // so key tiles start off the 64-key grid.
+  Case c;
+  c.q_heads = 2;
+  c.kv_heads = 1;
+  c.q_len = 120;
+  c.kv_len = 200;
+  c.dk = 24;
+  c.dv = 8;
+  Inputs in = MakeInputs(c, 2450);
+  for (int64_t j = 130; j < 199; ++j) {
+    in.v.Set(0, 0, j, 0, j % 2 ? std::numeric_limits<float>::quiet_NaN()
+                               : std::numeric_limits<float>::infinity());
+  }
+  for (bool f16 : {false, true}) {
+    Tensor mask(f16 ? DType::kF16 : DType::kBool, 1, 1, 120, 200);
+    const float hidden = f16 ? -std::numeric_limits<float>::infinity() : 0.0f;
+    const float shown = f16 ? 0.5f : 1.0f;
+    for (int64_t i = 0; i < 120; ++i) {
+      for (int64_t j = 0; j < 200; ++j) {
+        const bool see = (j >= 64 * (i / 40) && j < 64 * (i / 40) + 64 && j < 130) ||
+                         j == 199;
+        mask.Set(0, 0, i, j, see ? shown : hidden);
+      }
+    }
+    for (int64_t window : {int64_t{-1}, int64_t{150}}) {
+      Case m = c;
+      m.options.mask = mask.View();
+      m.options.window_left = window;
+      m.options.window_right = window;
+      SCOPED_TRACE(testing::Message() << "f16 " << f16 << " window " << window);
+      for (const std::string& target : AvailableTargets()) {
+        SCOPED_TRACE(target);
+        const Outputs out = RunFast(m, in, target);
+        ASSERT_TRUE(out.status.ok()) << out.status.message;
+        for (int64_t h = 0; h < 2; ++h)
+          for (int64_t i = 0; i < 120; ++i)
+            for (int64_t e = 0; e < 8; ++e)
+              ASSERT_TRUE(std::isfinite(out.o.Get(0, h, i, e))) << h << " " << i;
+      }
+      CheckAllTargets(m, in);
+    }
+  }
+}
+
 TEST(VariantTest, HiddenInfInValueDoesNotLeak) {
   // Key 4's value is Inf and a bool mask hides key 4 from even rows: they stay
   // finite; odd rows see it and get Inf/NaN.

@@ -57,7 +57,7 @@ inline int64_t QueryBlockRowsImpl() {
 
 // Scratch layout of one task (floats, each region kScratchAlign-aligned).
 struct ScratchLayout {
-  int64_t qt, st, acc, m, l, alpha, ktile, vtile, rows, total;
+  int64_t qt, st, acc, m, l, alpha, ktile, vtile, rows, mask, total;
 };
 
 inline ScratchLayout MakeLayout(int64_t head_dim_qk, int64_t head_dim_v) {
@@ -79,6 +79,7 @@ inline ScratchLayout MakeLayout(int64_t head_dim_qk, int64_t head_dim_v) {
   s.ktile = take(kKeyTile * head_dim_qk);
   s.vtile = take(kKeyTile * head_dim_v);
   s.rows = take(RowTable::Floats(mq));
+  s.mask = take(MaskBlock::Floats(mq, kKeyTile));
   s.total = at;
   return s;
 }
@@ -157,6 +158,23 @@ struct KvRows {
         v(static_cast<const char*>(a.v) +
           (b * a.v_strides[0] + hkv * a.v_strides[1]) * size) {}
 };
+
+// Asks for rows [first, first + n) of K and V (clamped to `end`) to be
+// brought into L2 while the current tile computes. Each row is its own
+// stream at a large stride (a head's K/V rarely fits L2 next to the rest),
+// which the hardware prefetchers follow only partly.
+inline void PrefetchKvTile(const AttentionArgsF32& a, const KvRows& src,
+                           int64_t first, int64_t n, int64_t end) {
+  const int64_t last = std::min(first + n, end);
+  const int64_t k_bytes = a.head_dim_qk * src.size;
+  const int64_t v_bytes = a.head_dim_v * src.size;
+  for (int64_t j = first; j < last; ++j) {
+    const char* k = src.k + j * a.k_strides[2] * src.size;
+    const char* v = src.v + j * a.v_strides[2] * src.size;
+    for (int64_t byte = 0; byte < k_bytes; byte += 64) __builtin_prefetch(k + byte, 0, 2);
+    for (int64_t byte = 0; byte < v_bytes; byte += 64) __builtin_prefetch(v + byte, 0, 2);
+  }
+}
 
 // One K/V tile as f32 rows: in place for f32 storage, otherwise widened into
 // ktile/vtile once per tile and block (nk x (Dk + Dv) conversions against
@@ -250,6 +268,33 @@ inline void DecodeTaskF32(const AttentionArgsF32& a, int64_t task, int64_t b,
   WriteRows(a, b, rt, rows, m, l, orow, 1, dv);
 }
 
+// Whether rows [0, n) of a K/V tile (row stride `row`, `cols` floats each)
+// hold only finite values.
+template <class D>
+HWY_INLINE bool AllFinite(D d, const float* HWY_RESTRICT x, int64_t row,
+                          int64_t n, int64_t cols) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const hn::RebindToUnsigned<D> du;
+  // x * 0 is +-0 for finite x and NaN for Inf/NaN: OR the bits of all.
+  const auto zero = hn::Zero(d);
+  auto acc0 = hn::Zero(du), acc1 = acc0;
+  bool finite = true;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* HWY_RESTRICT r = x + t * row;
+    int64_t e = 0;
+    for (; e + 2 * N <= cols; e += 2 * N) {
+      acc0 = hn::Or(acc0, hn::BitCast(du, hn::Mul(hn::LoadU(d, r + e), zero)));
+      acc1 = hn::Or(acc1, hn::BitCast(du, hn::Mul(hn::LoadU(d, r + e + N), zero)));
+    }
+    for (; e + N <= cols; e += N) {
+      acc0 = hn::Or(acc0, hn::BitCast(du, hn::Mul(hn::LoadU(d, r + e), zero)));
+    }
+    for (; e < cols; ++e) finite &= std::isfinite(r[e]);
+  }
+  const auto magnitude = hn::And(hn::Or(acc0, acc1), hn::Set(du, 0x7FFFFFFFu));
+  return finite && hn::AllTrue(du, hn::Eq(magnitude, hn::Zero(du)));
+}
+
 // Contract: args validated by the driver (f32/f16/bf16 storage, unit stride
 // along the head dims, q_len/kv_len < 2^31 - 1, head dims >= 1); scratch
 // 256-byte aligned with ScratchFloatsImpl() floats. Unsplit, writes the
@@ -330,8 +375,15 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
   InitRowState(a, rt, mq, m, l);
   const KvRows src(a, b, hkv);
   const bool has_mask = a.mask_kind != 0;
+  MaskBlock mask(scratch + lay.mask, mq, kKeyTile);
+  if (has_mask) mask.Init(a, b, rt);
   for (int64_t kv_begin = kv_start; kv_begin < kv_end; kv_begin += kKeyTile) {
     const int64_t nk = std::min(kKeyTile, kv_end - kv_begin);
+    // A tile the mask hides from every row is skipped before any work.
+    const MaskTile mtile = has_mask ? MaskTileBias(d, a, &mask, kv_begin, nk)
+                                    : MaskTile{true, false, false};
+    if (!mtile.visible) continue;
+    PrefetchKvTile(a, src, kv_begin + kKeyTile, kKeyTile, kv_end);
     const KvTile tile = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
     const float* kt = tile.k;
     const float* vt = tile.v;
@@ -341,7 +393,7 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
                                st, mq);
     if (a.softcap > 0.0f) SoftcapTile(d, cols, a.softcap, nk, st);
     if (a.alibi_slopes != nullptr) AlibiTile(d, cols, rt, kv_begin, nk, st);
-    if (has_mask) ExplicitMaskTile(a, b, rt, rows, kv_begin, nk, mq, st);
+    if (mtile.bias) MaskTileApply(d, cols, mask, nk, st);
     // Index masks only where some row's window ends inside the tile.
     const bool cut_hi = has_hi && kv_begin + nk - 1 > p_first + right;
     const bool cut_lo = has_lo && kv_begin < p_last - left;
@@ -350,11 +402,16 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
                     offset - left, st);
     }
     const bool rescale = SoftmaxTile(d, cols, st, nk, m, l, alpha);
-    if (a.dropout_p > 0.0f) DropoutTile(a, b, rt, rows, kv_begin, nk, mq, st);
+    if (a.dropout_p > 0.0f) DropoutTile(d, cols, a, b, rt, kv_begin, nk, st);
     // O^T: rows are value dims (broadcast along the keys), reduction over the
     // tile's keys; the old O^T is rescaled by alpha on the way in.
     const float* scale = rescale ? alpha : nullptr;
-    if (cut_hi || cut_lo || has_mask) {
+    // Hidden keys have weight +0.0; the guarded product skips them so that
+    // 0 * Inf/NaN of their V rows cannot leak. With a finite V tile the
+    // plain product adds exact zeros instead (only the sign of a zero output
+    // can differ), so the guard runs only where V holds Inf or NaN.
+    if ((cut_hi || cut_lo || mtile.hidden) &&
+        !AllFinite(d, vt, v_row, nk, dv)) {
       TileGemmRows<true, true>(d, cols, dv, vt, 1, v_row, st, mq, nk, scale,
                                acc, mq);
     } else {

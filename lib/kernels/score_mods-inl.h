@@ -10,13 +10,16 @@
 #define SIMDATTN_LIB_KERNELS_SCORE_MODS_INL_H_
 #endif
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 
+#include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "lib/dtype.h"
+#include "lib/kernels/convert-inl.h"
 #include "lib/kernels/kernels.h"
 #include "lib/philox.h"
 #include "lib/kernels/tile_gemm-inl.h"
@@ -77,33 +80,238 @@ HWY_INLINE void AlibiTile(D d, int cols, const RowTable& rt, int64_t kv_begin,
   }
 }
 
-// Explicit mask for rows [0, rows) of the block: bool hides where 0; an
-// additive mask adds, and -inf hides even a +inf score (as the reference).
-// Scalar: the mask's query stride is arbitrary (broadcasts are stride 0).
-inline void ExplicitMaskTile(const AttentionArgsF32& a, int64_t b,
-                             const RowTable& rt, int64_t rows,
-                             int64_t kv_begin, int64_t num_keys,
-                             int64_t row_stride, float* HWY_RESTRICT st) {
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < num_keys; ++j) {
-    float* HWY_RESTRICT row = st + j * row_stride;
-    const int64_t col = b * a.mask_strides[0] + (kv_begin + j) * a.mask_strides[3];
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t at = col + rt.head[r] * a.mask_strides[1] +
-                         rt.query[r] * a.mask_strides[2];
-      if (a.mask_kind == 1) {
-        if (static_cast<const uint8_t*>(a.mask)[at] == 0) row[r] = neg_inf;
-        continue;
+// The explicit mask of one query block. Lanes whose rows share a mask row
+// (the mask broadcasts over heads or queries) share one row. Per tile, each
+// distinct row's keys are read as an f32 bias (bool: 0 or -inf; additive: the
+// value), converted in scratch unless the mask is f32, and is transposed to
+// the score tile's [key][lane] layout with 4x4 transposes as it is applied
+// (gathers are far slower on x86 since the 2023 microcode updates). Storage
+// (MaskBlock::Floats) comes from the task's scratch.
+struct MaskBlock {
+  int64_t* row_offset;     // [mq] element offset of each distinct row
+  const float** row_data;  // [mq] f32 bias of each distinct row, this tile
+  int32_t* lane_row;       // [mq] distinct row of each lane
+  float* rows;             // [mq][tile_keys] converted distinct rows
+  float* zeros;            // [tile_keys] zeros
+  int64_t num_rows = 0;    // distinct rows
+  int64_t mq, tile_keys;
+
+  static constexpr int64_t Floats(int64_t mq, int64_t tile_keys) {
+    return 2 * mq + 2 * mq + mq + mq * tile_keys + tile_keys;
+  }
+  // storage: Floats() floats, 8-byte aligned.
+  MaskBlock(float* storage, int64_t block_rows, int64_t keys)
+      : row_offset(reinterpret_cast<int64_t*>(storage)),
+        row_data(reinterpret_cast<const float**>(storage + 2 * block_rows)),
+        lane_row(reinterpret_cast<int32_t*>(storage + 4 * block_rows)),
+        rows(storage + 5 * block_rows),
+        zeros(storage + 5 * block_rows + block_rows * keys),
+        mq(block_rows),
+        tile_keys(keys) {}
+
+  // Maps the lanes of a block of batch b (row table rt) to their mask rows.
+  // Padding lanes repeat a valid row, so they map to one too.
+  void Init(const AttentionArgsF32& a, int64_t b, const RowTable& rt) {
+    std::fill(zeros, zeros + tile_keys, 0.0f);
+    num_rows = 0;
+    for (int64_t r = 0; r < mq; ++r) {
+      const int64_t offset = b * a.mask_strides[0] +
+                             rt.head[r] * a.mask_strides[1] +
+                             rt.query[r] * a.mask_strides[2];
+      int64_t u = num_rows - 1;
+      while (u >= 0 && row_offset[u] != offset) --u;
+      if (u < 0) {
+        u = num_rows++;
+        row_offset[u] = offset;
       }
-      float add;
-      if (a.mask_kind == 2) {
-        add = static_cast<const float*>(a.mask)[at];
-      } else {
-        add = F16ToF32(static_cast<const uint16_t*>(a.mask)[at]);
-      }
-      row[r] = add == neg_inf ? neg_inf : row[r] + add;
+      lane_row[r] = static_cast<int32_t>(u);
     }
   }
+};
+
+// What a mask tile does to the block's lanes (MaskTileBias).
+struct MaskTile {
+  bool visible;  // some key is visible to some lane (else skip the tile)
+  bool hidden;   // some key is hidden from some lane (P·V may need a guard)
+  bool bias;     // some bias is not 0 (else nothing to apply)
+};
+
+// The f32 bias of distinct row u for keys [kv_begin, kv_begin + n): the mask
+// itself when it is f32 along keys, else converted into mb->rows.
+template <class D>
+HWY_INLINE const float* MaskRow(D d, const AttentionArgsF32& a,
+                                const MaskBlock& mb, int64_t u,
+                                int64_t kv_begin, int64_t n) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const int64_t key_stride = a.mask_strides[3];  // 1, or 0 (broadcast)
+  const int64_t at = mb.row_offset[u] + kv_begin * key_stride;
+  float* HWY_RESTRICT dst = mb.rows + u * mb.tile_keys;
+  if (key_stride == 0) {
+    float value;
+    if (a.mask_kind == 1) {
+      value = static_cast<const uint8_t*>(a.mask)[at] != 0 ? 0.0f : neg_inf;
+    } else if (a.mask_kind == 2) {
+      value = static_cast<const float*>(a.mask)[at];
+    } else {
+      value = F16ToF32(static_cast<const uint16_t*>(a.mask)[at]);
+    }
+    std::fill(dst, dst + n, value);
+    return dst;
+  }
+  // Each distinct row is its own stream, more than the hardware prefetchers
+  // follow: ask for the next tile's part of it now.
+  const int64_t elem = a.mask_kind == 1 ? 1 : a.mask_kind == 2 ? 4 : 2;
+  const char* next = static_cast<const char*>(a.mask) + (at + mb.tile_keys) * elem;
+  for (int64_t byte = 0; byte < mb.tile_keys * elem; byte += 64) {
+    hwy::Prefetch(next + byte);
+  }
+  if (a.mask_kind == 2) return static_cast<const float*>(a.mask) + at;
+  if (a.mask_kind == 3) {
+    WidenRow(d, static_cast<const uint16_t*>(a.mask) + at, KvType::kF16, n, dst);
+    return dst;
+  }
+  const hn::RebindToUnsigned<D> du;
+  const hn::Rebind<uint8_t, D> d8;
+  const uint8_t* src = static_cast<const uint8_t*>(a.mask) + at;
+  // Rows that allow every key of the tile (the common case) share mb.zeros.
+  const hn::ScalableTag<uint8_t> d8_full;
+  const int64_t N8 = static_cast<int64_t>(hn::Lanes(d8_full));
+  auto any_zero = hn::FirstN(d8_full, 0);
+  int64_t j = 0;
+  for (; j + N8 <= n; j += N8) {
+    any_zero = hn::Or(any_zero, hn::Eq(hn::LoadU(d8_full, src + j), hn::Zero(d8_full)));
+  }
+  bool allow_all = hn::AllFalse(d8_full, any_zero);
+  for (; j < n && allow_all; ++j) allow_all = src[j] != 0;
+  if (allow_all) return mb.zeros;
+  for (j = 0; j + N <= n; j += N) {
+    const auto allow = hn::PromoteTo(du, hn::LoadU(d8, src + j));
+    hn::StoreU(hn::IfThenElseZero(hn::RebindMask(d, hn::Eq(allow, hn::Zero(du))),
+                                  hn::Set(d, neg_inf)),
+               d, dst + j);
+  }
+  for (; j < n; ++j) dst[j] = src[j] != 0 ? 0.0f : neg_inf;
+  return dst;
+}
+
+// s += bias (-inf hides) for a 4-lane column block of scores.
+template <class D4>
+HWY_INLINE void AddBias4(D4 d4, hn::Vec<D4> bias, float* HWY_RESTRICT x) {
+  const auto neg_inf = hn::Set(d4, -std::numeric_limits<float>::infinity());
+  hn::StoreU(hn::IfThenElse(hn::Eq(bias, neg_inf), neg_inf,
+                            hn::Add(hn::LoadU(d4, x), bias)),
+             d4, x);
+}
+
+// Applies lane r's bias row_data[lane_row[r]][j] to the transposed score tile
+// st[j * stride + r] for keys j < n, transposing 4 lanes x 4 keys per step.
+template <class D>
+HWY_INLINE void MaskTileApplyRows(D /* d */, const MaskBlock& mb, int64_t n,
+                                  size_t stride, float* HWY_RESTRICT st) {
+  const int64_t mq = mb.mq;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+#if HWY_TARGET == HWY_SCALAR
+  for (int64_t r = 0; r < mq; ++r) {
+    const float* row = mb.row_data[mb.lane_row[r]];
+    for (int64_t j = 0; j < n; ++j) {
+      float& x = st[j * stride + r];
+      x = row[j] == neg_inf ? neg_inf : x + row[j];
+    }
+  }
+#else
+  const hn::CappedTag<float, 4> d4;
+  const hn::Repartition<uint64_t, decltype(d4)> d64;
+  for (int64_t r = 0; r < mq; r += 4) {  // mq is a multiple of 4 lanes
+    const float* r0 = mb.row_data[mb.lane_row[r]];
+    const float* r1 = mb.row_data[mb.lane_row[r + 1]];
+    const float* r2 = mb.row_data[mb.lane_row[r + 2]];
+    const float* r3 = mb.row_data[mb.lane_row[r + 3]];
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      const auto a0 = hn::LoadU(d4, r0 + j), a1 = hn::LoadU(d4, r1 + j);
+      const auto a2 = hn::LoadU(d4, r2 + j), a3 = hn::LoadU(d4, r3 + j);
+      // t0 = (a0[0] a1[0] a0[1] a1[1]), t2 = (a0[2] a1[2] a0[3] a1[3]), ...
+      const auto t0 = hn::BitCast(d64, hn::InterleaveLower(d4, a0, a1));
+      const auto t1 = hn::BitCast(d64, hn::InterleaveLower(d4, a2, a3));
+      const auto t2 = hn::BitCast(d64, hn::InterleaveUpper(d4, a0, a1));
+      const auto t3 = hn::BitCast(d64, hn::InterleaveUpper(d4, a2, a3));
+      float* x = st + j * stride + r;
+      AddBias4(d4, hn::BitCast(d4, hn::InterleaveLower(d64, t0, t1)), x);
+      AddBias4(d4, hn::BitCast(d4, hn::InterleaveUpper(d64, t0, t1)), x + stride);
+      AddBias4(d4, hn::BitCast(d4, hn::InterleaveLower(d64, t2, t3)), x + 2 * stride);
+      AddBias4(d4, hn::BitCast(d4, hn::InterleaveUpper(d64, t2, t3)), x + 3 * stride);
+    }
+    for (; j < n; ++j) {
+      float* x = st + j * stride + r;
+      const float b[4] = {r0[j], r1[j], r2[j], r3[j]};
+      for (int i = 0; i < 4; ++i) x[i] = b[i] == neg_inf ? neg_inf : x[i] + b[i];
+    }
+  }
+#endif
+}
+
+// Reads the mask of keys [kv_begin, kv_begin + num_keys) and says what it
+// does to the block: a tile hidden from every lane is skipped (hidden keys
+// take no part at all), one that hides nothing needs no guard in the P·V
+// product, and an all-zero bias (a bool mask that allows everything) needs
+// no apply.
+template <class D>
+HWY_INLINE MaskTile MaskTileBias(D d, const AttentionArgsF32& a, MaskBlock* mb,
+                                 int64_t kv_begin, int64_t num_keys) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const float neg_inf_s = -std::numeric_limits<float>::infinity();
+  const auto neg_inf = hn::Set(d, neg_inf_s);
+  const auto zero = hn::Zero(d);
+  MaskTile t = {false, false, false};
+  for (int64_t u = 0; u < mb->num_rows; ++u) {
+    const float* row = MaskRow(d, a, *mb, u, kv_begin, num_keys);
+    mb->row_data[u] = row;
+    auto any_hidden = hn::FirstN(d, 0), any_bias = any_hidden;
+    auto all_hidden = hn::Not(any_hidden);
+    int64_t j = 0;
+    for (; j + N <= num_keys; j += N) {
+      const auto x = hn::LoadU(d, row + j);
+      const auto h = hn::Eq(x, neg_inf);
+      any_hidden = hn::Or(any_hidden, h);
+      all_hidden = hn::And(all_hidden, h);
+      any_bias = hn::Or(any_bias, hn::Not(hn::Eq(x, zero)));
+    }
+    t.hidden |= !hn::AllFalse(d, any_hidden);
+    t.visible |= !hn::AllTrue(d, all_hidden);
+    t.bias |= !hn::AllFalse(d, any_bias);
+    for (; j < num_keys; ++j) {
+      const bool h = row[j] == neg_inf_s;
+      t.hidden |= h;
+      t.visible |= !h;
+      t.bias |= !(row[j] == 0.0f);
+    }
+  }
+  return t;
+}
+
+// Applies the tile's bias (MaskTileBias) to a transposed score tile (`cols`
+// query vectors): s += bias, and a -inf bias hides even a +inf or NaN score
+// (as the reference).
+template <class D>
+HWY_INLINE void MaskTileApply(D d, int cols, const MaskBlock& mb,
+                              int64_t num_keys, float* HWY_RESTRICT st) {
+  const size_t N = hn::Lanes(d);
+  const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  const size_t stride = cols * N;
+  if (mb.num_rows == 1) {  // every lane shares one row: broadcast per key
+    const float* row = mb.row_data[0];
+    for (int64_t j = 0; j < num_keys; ++j) {
+      const auto bias = hn::Set(d, row[j]);
+      const auto hide = hn::Eq(bias, neg_inf);
+      for (int c = 0; c < cols; ++c) {
+        float* HWY_RESTRICT x = st + j * stride + c * N;
+        hn::Store(hn::IfThenElse(hide, neg_inf, hn::Add(hn::Load(d, x), bias)), d, x);
+      }
+    }
+    return;
+  }
+  MaskTileApplyRows(d, mb, num_keys, stride, st);
 }
 
 // Hides keys outside each query's index window: key j is visible to query i
@@ -139,6 +347,43 @@ HWY_INLINE void IndexMaskTile(D d, int cols, const RowTable& rt,
   }
 }
 
+#if HWY_TARGET != HWY_SCALAR
+// Philox4x32-10 of lib/philox.h, one counter per lane. Highway 1.0.3 has no
+// 32x32 -> high-32 multiply, so the products of even and odd lanes come from
+// two MulEven and are interleaved back.
+template <class D32>
+HWY_INLINE void MulHiLo(D32 d, hn::Vec<D32> a, uint32_t multiplier,
+                        hn::Vec<D32>* hi, hn::Vec<D32>* lo) {
+  const hn::Repartition<uint64_t, D32> d64;
+  const auto mul = hn::Set(d, multiplier);
+  const auto even = hn::BitCast(d, hn::MulEven(a, mul));
+  const auto odd = hn::BitCast(
+      d, hn::MulEven(hn::BitCast(d, hn::ShiftRight<32>(hn::BitCast(d64, a))), mul));
+  // even: lane 2k = lo(a_2k * M), 2k + 1 = hi(a_2k * M); odd likewise.
+  *hi = hn::OddEven(odd, hn::BitCast(d, hn::ShiftRight<32>(hn::BitCast(d64, even))));
+  *lo = hn::OddEven(hn::BitCast(d, hn::ShiftLeft<32>(hn::BitCast(d64, odd))), even);
+}
+
+template <class D32>
+HWY_INLINE void PhiloxLanes(D32 d, hn::Vec<D32>* c0, hn::Vec<D32>* c1,
+                            hn::Vec<D32>* c2, hn::Vec<D32>* c3,
+                            Philox4x32Key key) {
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      key.v[0] += philox_internal::kWeyl0;
+      key.v[1] += philox_internal::kWeyl1;
+    }
+    hn::Vec<D32> hi0, lo0, hi1, lo1;
+    MulHiLo(d, *c0, philox_internal::kMultiplier0, &hi0, &lo0);
+    MulHiLo(d, *c2, philox_internal::kMultiplier1, &hi1, &lo1);
+    *c0 = hn::Xor(hn::Xor(hi1, *c1), hn::Set(d, key.v[0]));
+    *c1 = lo1;
+    *c2 = hn::Xor(hn::Xor(hi0, *c3), hn::Set(d, key.v[1]));
+    *c3 = lo0;
+  }
+}
+#endif
+
 // Dropout on the weights of a tile (after the softmax recurrence consumed
 // them, so l and LSE are unaffected): kept weights are divided by 1 - p,
 // dropped ones become -0.0. The sign tells the P·V guard (which skips +0.0,
@@ -146,19 +391,23 @@ HWY_INLINE void IndexMaskTile(D d, int cols, const RowTable& rt,
 // reference, it still multiplies its V row, so Inf/NaN there propagates.
 // keep(b, h, i, j) is the Philox4x32-10 draw of DropoutKeep (reference.h):
 // counter (j / 4, i, h, b), word j % 4, so it depends on nothing but the
-// indices. Scalar: one Philox call per 4 keys of a row.
-inline void DropoutTile(const AttentionArgsF32& a, int64_t b,
-                        const RowTable& rt, int64_t rows, int64_t kv_begin,
-                        int64_t num_keys, int64_t row_stride,
-                        float* HWY_RESTRICT st) {
+// indices. Lanes are queries: one vector Philox call covers 4 keys of a
+// query vector.
+template <class D>
+HWY_INLINE void DropoutTile(D d, int cols, const AttentionArgsF32& a,
+                            int64_t b, const RowTable& rt, int64_t kv_begin,
+                            int64_t num_keys, float* HWY_RESTRICT st) {
   const Philox4x32Key key = {{static_cast<uint32_t>(a.dropout_seed),
                               static_cast<uint32_t>(a.dropout_seed >> 32)}};
   const uint64_t threshold = static_cast<uint64_t>(
       static_cast<double>(a.dropout_p) * 4294967296.0);
   const float inv_keep = static_cast<float>(1.0 / (1.0 - a.dropout_p));
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint32_t i = static_cast<uint32_t>(rt.query[r]);
-    const uint32_t h = static_cast<uint32_t>(rt.head[r]);
+  const size_t N = hn::Lanes(d);
+  const size_t stride = cols * N;
+#if HWY_TARGET == HWY_SCALAR
+  for (int c = 0; c < cols; ++c) {
+    const uint32_t i = static_cast<uint32_t>(rt.query[c]);
+    const uint32_t h = static_cast<uint32_t>(rt.head[c]);
     int64_t j = 0;
     while (j < num_keys) {
       const int64_t key_index = kv_begin + j;
@@ -166,15 +415,52 @@ inline void DropoutTile(const AttentionArgsF32& a, int64_t b,
           {static_cast<uint32_t>(key_index / 4), i, h,
            static_cast<uint32_t>(b)}};
       const Philox4x32Counter draw = Philox4x32_10(counter, key);
-      // The keys of this draw that fall in the tile.
       for (int64_t w = key_index % 4; w < 4 && j < num_keys; ++w, ++j) {
-        float& p = st[j * row_stride + r];
+        float& p = st[j * stride + c];
         if (p == 0.0f) continue;  // hidden (+0.0) stays hidden
         p = static_cast<uint64_t>(draw.v[w]) >= threshold ? p * inv_keep
                                                            : -0.0f;
       }
     }
   }
+  (void)N;
+#else
+  const hn::RebindToUnsigned<D> du;
+  const hn::RebindToSigned<D> di;
+  // Unsigned draw >= threshold as a signed compare of both offset by 2^31.
+  const auto bias = hn::Set(du, 0x80000000u);
+  const auto limit = hn::BitCast(
+      di, hn::Xor(hn::Set(du, static_cast<uint32_t>(threshold)), bias));
+  const auto scale = hn::Set(d, inv_keep);
+  const auto zero = hn::Zero(d);
+  const auto minus_zero = hn::Set(d, -0.0f);
+  const int64_t group_first = kv_begin / 4;
+  const int64_t group_last = (kv_begin + num_keys - 1) / 4;
+  for (int c = 0; c < cols; ++c) {
+    const auto query = hn::BitCast(du, hn::LoadU(di, rt.query + c * N));
+    const auto head = hn::BitCast(du, hn::LoadU(di, rt.head + c * N));
+    for (int64_t g = group_first; g <= group_last; ++g) {
+      // (SVE vectors cannot live in arrays: four named words.)
+      auto w0 = hn::Set(du, static_cast<uint32_t>(g));
+      auto w1 = query;
+      auto w2 = head;
+      auto w3 = hn::Set(du, static_cast<uint32_t>(b));
+      PhiloxLanes(du, &w0, &w1, &w2, &w3, key);
+      const int64_t j_first = std::max<int64_t>(4 * g, kv_begin) - kv_begin;
+      const int64_t j_end = std::min<int64_t>(4 * g + 4, kv_begin + num_keys) - kv_begin;
+      for (int64_t j = j_first; j < j_end; ++j) {
+        const int64_t word = (kv_begin + j) % 4;
+        const auto draw = word == 0 ? w0 : word == 1 ? w1 : word == 2 ? w2 : w3;
+        const auto keep = hn::RebindMask(
+            d, hn::Not(hn::Lt(hn::BitCast(di, hn::Xor(draw, bias)), limit)));
+        float* HWY_RESTRICT x = st + j * stride + c * N;
+        const auto p = hn::Load(d, x);
+        const auto dropped = hn::IfThenElse(keep, hn::Mul(p, scale), minus_zero);
+        hn::Store(hn::IfThenElse(hn::Eq(p, zero), p, dropped), d, x);
+      }
+    }
+  }
+#endif
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
