@@ -116,11 +116,11 @@ void NaiveAttention(const Problem& p, bool causal, std::vector<float>* scores) {
 }
 
 void SetCounters(benchmark::State& state, const Shape& s, bool causal,
-                 int64_t window_left = -1) {
+                 int64_t window_left = -1, double elem_bytes = 4.0) {
   const double flops = 4.0 * double(s.batch * s.q_heads) *
                        VisiblePairs(s, causal, window_left) * double(s.head_dim);
   const double bytes =
-      4.0 * double(s.head_dim) *
+      elem_bytes * double(s.head_dim) *
       double(2 * s.batch * s.q_heads * s.q_len + 2 * s.batch * s.kv_heads * s.kv_len);
   state.counters["FLOPS"] = benchmark::Counter(
       flops * double(state.iterations()), benchmark::Counter::kIsRate);
@@ -211,6 +211,43 @@ void BenchSimdattn(benchmark::State& state, const Shape& s, const Variant& var,
   SetCounters(state, s, var.causal, var.window_left);
 }
 
+// Q, K, V and O all stored in 16 bits (f16 or bf16), rounded from the f32
+// problem; math in f32 inside the kernel.
+void BenchSimdattn16(benchmark::State& state, const Shape& s, bool causal,
+                     simdattn::DType dtype, int threads) {
+  Problem p(s);
+  auto round = [dtype](const std::vector<float>& x) {
+    std::vector<uint16_t> r(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      r[i] = dtype == simdattn::DType::kF16 ? simdattn::F32ToF16(x[i])
+                                            : simdattn::F32ToBF16(x[i]);
+    }
+    return r;
+  };
+  const std::vector<uint16_t> q16 = round(p.q), k16 = round(p.k), v16 = round(p.v);
+  std::vector<uint16_t> o16(q16.size());
+  simdattn::ThreadPool pool(threads);
+  simdattn::ExecutionOptions exec;
+  exec.pool = &pool;
+  simdattn::AttentionOptions options;
+  options.causal = causal;
+  const auto q = simdattn::MakeBHSD(q16.data(), dtype, s.batch, s.q_heads, s.q_len, s.head_dim);
+  const auto k = simdattn::MakeBHSD(k16.data(), dtype, s.batch, s.kv_heads, s.kv_len, s.head_dim);
+  const auto v = simdattn::MakeBHSD(v16.data(), dtype, s.batch, s.kv_heads, s.kv_len, s.head_dim);
+  const auto o = simdattn::MakeBHSD(o16.data(), dtype, s.batch, s.q_heads, s.q_len, s.head_dim);
+  simdattn::RunInfo info;
+  for (auto _ : state) {
+    const simdattn::Status st = simdattn::Attention(q, k, v, o, options, {}, exec, &info);
+    if (!st.ok()) {
+      state.SkipWithError(st.message.c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(o16.data());
+  }
+  state.SetLabel(info.target);
+  SetCounters(state, s, causal, -1, 2.0);
+}
+
 void BenchNaive(benchmark::State& state, const Shape& s, bool causal) {
   Problem p(s);
   std::vector<float> scores;
@@ -222,12 +259,20 @@ void BenchNaive(benchmark::State& state, const Shape& s, bool causal) {
 }
 
 void BenchOneDnn(benchmark::State& state, const Shape& s, bool causal,
-                 int threads) {
+                 int threads, bool bf16 = false) {
   Problem p(s);
-  simdattn::bench::OneDnnAttention attn(s.batch, s.q_heads, s.kv_heads, s.q_len,
-                                        s.kv_len, s.head_dim, causal, false,
-                                        p.q.data(), p.k.data(), p.v.data(),
-                                        p.o.data());
+  // bf16: Q, K and V rounded to bf16 (O stays f32 in oneDNN's pipeline).
+  std::vector<uint16_t> q16, k16, v16;
+  for (auto [from, to] : {std::pair{&p.q, &q16}, {&p.k, &k16}, {&p.v, &v16}}) {
+    if (!bf16) break;
+    to->resize(from->size());
+    for (size_t i = 0; i < from->size(); ++i) (*to)[i] = simdattn::F32ToBF16((*from)[i]);
+  }
+  simdattn::bench::OneDnnAttention attn(
+      s.batch, s.q_heads, s.kv_heads, s.q_len, s.kv_len, s.head_dim, causal,
+      bf16, bf16 ? (const void*)q16.data() : p.q.data(),
+      bf16 ? (const void*)k16.data() : p.k.data(),
+      bf16 ? (const void*)v16.data() : p.v.data(), p.o.data());
   if (!attn.error().empty()) {
     state.SkipWithError(attn.error().c_str());
     return;
@@ -237,7 +282,7 @@ void BenchOneDnn(benchmark::State& state, const Shape& s, bool causal,
     benchmark::DoNotOptimize(p.o.data());
   }
   state.SetLabel(attn.implementations());
-  SetCounters(state, s, causal);
+  SetCounters(state, s, causal, -1, bf16 ? 2.0 : 4.0);
 }
 
 // Register-resident FMAs on every thread of the pool: the f32 peak.
@@ -498,9 +543,9 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   }
 
   void PrintSummary() const {
-    std::printf("\n%-9s %-44s %-7s %9s %9s %9s %9s\n", "impl",
-                "shape/mask/threads", "target", "GFLOP/s", "%peak",
-                "vs oneDNN", "vs naive");
+    std::printf("\n%-9s %-49s %-7s %9s %9s %9s %9s %9s\n", "impl",
+                "dtype/shape/mask/threads", "target", "GFLOP/s", "%peak",
+                "vs oneDNN", "vs naive", "vs f32");
     for (const auto& [name, m] : medians_) {
       // name = attention/<impl>/<dtype>/<shape>/<mask>/threads:<n>
       if (name.rfind("attention/", 0) != 0) continue;
@@ -534,9 +579,14 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       naive = naive.substr(0, naive.rfind("/threads:")) + "/threads:1";
       const std::string vs_naive = impl == "simdattn" ? ratio(naive) : "";
       const std::string label = impl == "simdattn" ? m.label : "";
-      std::printf("%-9s %-44s %-7s %9.1f %9s %9s %9s\n", impl.c_str(),
-                  rest.c_str(), label.c_str(), m.flops * 1e-9, peak.c_str(),
-                  vs_dnn.c_str(), vs_naive.c_str());
+      // 16-bit storage against the same entry in f32 (f16: >= 0.9x wanted).
+      const std::string dtype = name.substr(b + 1, c - b - 1);
+      const std::string vs_f32 =
+          impl == "simdattn" && dtype != "f32"
+              ? ratio(name.substr(0, b + 1) + "f32/" + rest) : "";
+      std::printf("%-9s %-49s %-7s %9.1f %9s %9s %9s %9s\n", impl.c_str(),
+                  name.substr(b + 1).c_str(), label.c_str(), m.flops * 1e-9,
+                  peak.c_str(), vs_dnn.c_str(), vs_naive.c_str(), vs_f32.c_str());
     }
     // Option costs: time relative to plain attention with the same visible
     // pairs (from the FLOPS rates), and the window's speed-up over causal.
@@ -608,7 +658,8 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     if (f == nullptr) return false;
     std::fprintf(f, "entry\tsimdattn\tonednn\tnaive\troofline\n");
     for (const auto& [name, m] : medians_) {
-      if (name.rfind("attention/simdattn/", 0) != 0) continue;
+      if (name.rfind("attention/simdattn/f32/", 0) != 0) continue;  // the chart is f32
+      if (name.find("_Lq1_") != std::string::npos) continue;
       const std::string rest = name.substr(std::string("attention/simdattn/").size());
       const std::string threads = name.substr(name.rfind("/threads:") + 9);
       auto rate = [&](const std::string& key) {
@@ -693,6 +744,21 @@ int main(int argc, char** argv) {
         benchmark::RegisterBenchmark(("attention/onednn/" + base + t).c_str(),
                                      [s, causal, threads](benchmark::State& st) {
                                        BenchOneDnn(st, s, causal, threads);
+                                     })
+            ->UseRealTime()->Unit(benchmark::kMillisecond);
+        // 16-bit storage: simdattn in bf16 and f16, oneDNN in bf16.
+        const std::string rest = s.Name() + "/" + mask + t;
+        for (simdattn::DType dt : {simdattn::DType::kBF16, simdattn::DType::kF16}) {
+          const std::string name = dt == simdattn::DType::kBF16 ? "bf16/" : "f16/";
+          benchmark::RegisterBenchmark(("attention/simdattn/" + name + rest).c_str(),
+                                       [s, causal, dt, threads](benchmark::State& st) {
+                                         BenchSimdattn16(st, s, causal, dt, threads);
+                                       })
+              ->UseRealTime()->Unit(benchmark::kMillisecond);
+        }
+        benchmark::RegisterBenchmark(("attention/onednn/bf16/" + rest).c_str(),
+                                     [s, causal, threads](benchmark::State& st) {
+                                       BenchOneDnn(st, s, causal, threads, true);
                                      })
             ->UseRealTime()->Unit(benchmark::kMillisecond);
       }

@@ -250,11 +250,26 @@ inline void DecodeTaskF32(const AttentionArgsF32& a, int64_t task, int64_t b,
   InitRowState(a, rt, rows, m, l);
   std::fill(orow, orow + rows * dv, 0.0f);
   const KvRows src(a, b, hkv);
+  // f32 and bf16 K/V (and f16 where the target converts it in hardware) are
+  // widened in registers as they are loaded; otherwise tile by tile.
+  const bool in_registers = src.type != KvType::kF16 || kKvF16InRegisters;
+  const int64_t ks = a.k_strides[2], vs = a.v_strides[2];
   for (int64_t kv_begin = kv_start; kv_begin < kv_end; kv_begin += kKeyTile) {
     const int64_t nk = std::min(kKeyTile, kv_end - kv_begin);
-    const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
-    DecodeTile(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk, s, m,
-               l, orow);
+    PrefetchKvTile(a, src, kv_begin + kKeyTile, kKeyTile, kv_end);
+    if (!in_registers || src.type == KvType::kF32) {
+      const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
+      DecodeTile<0>(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk,
+                    s, m, l, orow);
+      continue;
+    }
+    const uint16_t* k16 = reinterpret_cast<const uint16_t*>(src.k) + kv_begin * ks;
+    const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.v) + kv_begin * vs;
+    if (src.type == KvType::kF16) {
+      DecodeTile<1>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk, s, m, l, orow);
+    } else {
+      DecodeTile<2>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk, s, m, l, orow);
+    }
   }
   if (a.num_chunks > 1) {
     float* out = a.partials + task * mq * (dv + 2);

@@ -13,8 +13,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "hwy/highway.h"
+#include "lib/dtype.h"
 #include "lib/kernels/exp-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -30,30 +32,73 @@ namespace hn = hwy::HWY_NAMESPACE;
 //   P·V: 4 rows x 4 vectors of the output stay in registers across the whole
 //        tile (16 accumulators); each V vector feeds the 4 rows.
 // Contract: q: rows of dk floats (pre-scaled), row g at q + g * dk; k, v:
-// nk rows (f32) with strides k_row, v_row; s: scratch of 4 * nk floats.
+// nk rows (stored as KvElem<kKv>) with strides k_row, v_row; s: scratch of 4 * nk floats.
 // m, l, o (o row g at o + g * dv) carry the online softmax of
 // online_softmax-inl.h across tiles (-inf max while nothing is seen).
 
+// K/V elements as stored: kKv 0 = f32, 1 = f16, 2 = bf16 (the KvType
+// codes), widened to f32 in registers as they are loaded. f16 is only used
+// this way where the target converts it in hardware (KvF16InRegisters).
+template <int kKv>
+using KvElem = std::conditional_t<kKv == 0, float, uint16_t>;
+
+#if HWY_TARGET != HWY_SSSE3 && HWY_TARGET != HWY_SSE4 && \
+    HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+constexpr bool kKvF16InRegisters = true;
+#else
+constexpr bool kKvF16InRegisters = false;
+#endif
+
+template <int kKv, class D>
+HWY_INLINE hn::VFromD<D> LoadKv(D d, const KvElem<kKv>* HWY_RESTRICT p) {
+  if constexpr (kKv == 0) {
+    return hn::LoadU(d, p);
+  } else if constexpr (kKv == 1) {
+#if HWY_TARGET != HWY_SSSE3 && HWY_TARGET != HWY_SSE4 && \
+    HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+    const hn::Rebind<hwy::float16_t, D> dh;
+    return hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+#else
+    (void)p;
+    return hn::Zero(d);  // not used: these targets widen f16 tiles first
+#endif
+  } else {
+    const hn::Rebind<hwy::bfloat16_t, D> dbf;
+    return hn::PromoteTo(d, hn::LoadU(dbf, reinterpret_cast<const hwy::bfloat16_t*>(p)));
+  }
+}
+
+template <int kKv>
+HWY_INLINE float KvToF32(KvElem<kKv> x) {
+  if constexpr (kKv == 0) {
+    return x;
+  } else if constexpr (kKv == 1) {
+    return F16ToF32(x);
+  } else {
+    return BF16ToF32(x);
+  }
+}
+
 // Scores of up to 4 rows (kRows) against the tile's keys into s[r * nk + j].
-template <int kRows, class D>
+template <int kRows, int kKv, class D>
 HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
-                             const float* HWY_RESTRICT k, int64_t k_row,
+                             const KvElem<kKv>* HWY_RESTRICT k, int64_t k_row,
                              int64_t nk, float* HWY_RESTRICT s) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t dk_vec = dk / N * N;
   int64_t j = 0;
   for (; j + 4 <= nk; j += 4) {
-    const float* k0 = k + j * k_row;
-    const float* k1 = k0 + k_row;
-    const float* k2 = k1 + k_row;
-    const float* k3 = k2 + k_row;
+    const KvElem<kKv>* k0 = k + j * k_row;
+    const KvElem<kKv>* k1 = k0 + k_row;
+    const KvElem<kKv>* k2 = k1 + k_row;
+    const KvElem<kKv>* k3 = k2 + k_row;
     auto a00 = hn::Zero(d), a01 = a00, a02 = a00, a03 = a00;
     auto a10 = a00, a11 = a00, a12 = a00, a13 = a00;
     auto a20 = a00, a21 = a00, a22 = a00, a23 = a00;
     auto a30 = a00, a31 = a00, a32 = a00, a33 = a00;
     for (int64_t i = 0; i < dk_vec; i += N) {
-      const auto x0 = hn::LoadU(d, k0 + i), x1 = hn::LoadU(d, k1 + i);
-      const auto x2 = hn::LoadU(d, k2 + i), x3 = hn::LoadU(d, k3 + i);
+      const auto x0 = LoadKv<kKv>(d, k0 + i), x1 = LoadKv<kKv>(d, k1 + i);
+      const auto x2 = LoadKv<kKv>(d, k2 + i), x3 = LoadKv<kKv>(d, k3 + i);
 #define SIMDATTN_DOT_ROW(R)                                   \
   if (R < kRows) {                                            \
     const auto y = hn::LoadU(d, q + R * dk + i);              \
@@ -74,10 +119,10 @@ HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
     float t2 = hn::GetLane(hn::SumOfLanes(d, a##R##2));                    \
     float t3 = hn::GetLane(hn::SumOfLanes(d, a##R##3));                    \
     for (int64_t i = dk_vec; i < dk; ++i) {                                \
-      t0 += qr[i] * k0[i];                                                 \
-      t1 += qr[i] * k1[i];                                                 \
-      t2 += qr[i] * k2[i];                                                 \
-      t3 += qr[i] * k3[i];                                                 \
+      t0 += qr[i] * KvToF32<kKv>(k0[i]);                                   \
+      t1 += qr[i] * KvToF32<kKv>(k1[i]);                                   \
+      t2 += qr[i] * KvToF32<kKv>(k2[i]);                                   \
+      t3 += qr[i] * KvToF32<kKv>(k3[i]);                                   \
     }                                                                      \
     s[R * nk + j] = t0;                                                    \
     s[R * nk + j + 1] = t1;                                                \
@@ -89,15 +134,15 @@ HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
 #undef SIMDATTN_STORE_DOTS
   }
   for (; j < nk; ++j) {  // leftover keys: one at a time
-    const float* kj = k + j * k_row;
+    const KvElem<kKv>* kj = k + j * k_row;
     for (int r = 0; r < kRows; ++r) {
       auto acc = hn::Zero(d);
       int64_t i = 0;
       for (; i < dk_vec; i += N) {
-        acc = hn::MulAdd(hn::LoadU(d, q + r * dk + i), hn::LoadU(d, kj + i), acc);
+        acc = hn::MulAdd(hn::LoadU(d, q + r * dk + i), LoadKv<kKv>(d, kj + i), acc);
       }
       float t = hn::GetLane(hn::SumOfLanes(d, acc));
-      for (; i < dk; ++i) t += q[r * dk + i] * kj[i];
+      for (; i < dk; ++i) t += q[r * dk + i] * KvToF32<kKv>(kj[i]);
       s[r * nk + j] = t;
     }
   }
@@ -105,9 +150,9 @@ HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
 
 // o[r] += sum_j p[r * nk + j] * v_j for up to 4 rows; 4 output vectors per
 // row in registers, then the head-dim tail in scalar code.
-template <int kRows, class D>
+template <int kRows, int kKv, class D>
 HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
-                             const float* HWY_RESTRICT v, int64_t v_row,
+                             const KvElem<kKv>* HWY_RESTRICT v, int64_t v_row,
                              int64_t dv, float* HWY_RESTRICT o) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   int64_t e = 0;
@@ -126,9 +171,9 @@ HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
     SIMDATTN_LOAD_O(0) SIMDATTN_LOAD_O(1) SIMDATTN_LOAD_O(2) SIMDATTN_LOAD_O(3)
 #undef SIMDATTN_LOAD_O
     for (int64_t j = 0; j < nk; ++j) {
-      const float* vj = v + j * v_row + e;
-      const auto x0 = hn::LoadU(d, vj), x1 = hn::LoadU(d, vj + N);
-      const auto x2 = hn::LoadU(d, vj + 2 * N), x3 = hn::LoadU(d, vj + 3 * N);
+      const KvElem<kKv>* vj = v + j * v_row + e;
+      const auto x0 = LoadKv<kKv>(d, vj), x1 = LoadKv<kKv>(d, vj + N);
+      const auto x2 = LoadKv<kKv>(d, vj + 2 * N), x3 = LoadKv<kKv>(d, vj + 3 * N);
 #define SIMDATTN_PV_ROW(R)                                   \
   if (R < kRows) {                                           \
     const auto w = hn::Set(d, p[R * nk + j]);                \
@@ -153,17 +198,17 @@ HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
   for (int r = 0; r < kRows; ++r) {  // head-dim tail
     for (int64_t j = 0; j < nk; ++j) {
       const float w = p[r * nk + j];
-      const float* vj = v + j * v_row;
-      for (int64_t t = e; t < dv; ++t) o[r * dv + t] += w * vj[t];
+      const KvElem<kKv>* vj = v + j * v_row;
+      for (int64_t t = e; t < dv; ++t) o[r * dv + t] += w * KvToF32<kKv>(vj[t]);
     }
   }
 }
 
 // One tile for `rows` rows (any count): scores, online softmax, values.
-template <class D>
+template <int kKv, class D>
 HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
-                           int64_t dk, const float* HWY_RESTRICT k,
-                           int64_t k_row, const float* HWY_RESTRICT v,
+                           int64_t dk, const KvElem<kKv>* HWY_RESTRICT k,
+                           int64_t k_row, const KvElem<kKv>* HWY_RESTRICT v,
                            int64_t v_row, int64_t dv, int64_t nk,
                            float* HWY_RESTRICT s, float* HWY_RESTRICT m,
                            float* HWY_RESTRICT l, float* HWY_RESTRICT o) {
@@ -173,10 +218,10 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
     const int64_t n = std::min<int64_t>(4, rows - r0);
     const float* qr = q + r0 * dk;
     switch (n) {
-      case 4: DecodeScores<4>(d, qr, dk, k, k_row, nk, s); break;
-      case 3: DecodeScores<3>(d, qr, dk, k, k_row, nk, s); break;
-      case 2: DecodeScores<2>(d, qr, dk, k, k_row, nk, s); break;
-      default: DecodeScores<1>(d, qr, dk, k, k_row, nk, s); break;
+      case 4: DecodeScores<4, kKv>(d, qr, dk, k, k_row, nk, s); break;
+      case 3: DecodeScores<3, kKv>(d, qr, dk, k, k_row, nk, s); break;
+      case 2: DecodeScores<2, kKv>(d, qr, dk, k, k_row, nk, s); break;
+      default: DecodeScores<1, kKv>(d, qr, dk, k, k_row, nk, s); break;
     }
     // Online softmax per row (the recurrence of online_softmax-inl.h).
     for (int64_t t = 0; t < n; ++t) {
@@ -219,10 +264,10 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
     }
     float* orows = o + r0 * dv;
     switch (n) {
-      case 4: DecodeValues<4>(d, s, nk, v, v_row, dv, orows); break;
-      case 3: DecodeValues<3>(d, s, nk, v, v_row, dv, orows); break;
-      case 2: DecodeValues<2>(d, s, nk, v, v_row, dv, orows); break;
-      default: DecodeValues<1>(d, s, nk, v, v_row, dv, orows); break;
+      case 4: DecodeValues<4, kKv>(d, s, nk, v, v_row, dv, orows); break;
+      case 3: DecodeValues<3, kKv>(d, s, nk, v, v_row, dv, orows); break;
+      case 2: DecodeValues<2, kKv>(d, s, nk, v, v_row, dv, orows); break;
+      default: DecodeValues<1, kKv>(d, s, nk, v, v_row, dv, orows); break;
     }
   }
 }
