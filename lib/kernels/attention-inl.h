@@ -108,7 +108,22 @@ inline void WriteRows(const AttentionArgsF32& a, int64_t b, const RowTable& rt,
       for (int64_t e = 0; e < dv; ++e) dst[e] = acc[e * e_stride + r * r_stride] * inv;
     } else {
       uint16_t* dst = reinterpret_cast<uint16_t*>(row);
-      for (int64_t e = 0; e < dv; ++e) {
+      int64_t e = 0;
+#if HWY_TARGET != HWY_SSSE3 && HWY_TARGET != HWY_SSE4 && \
+    HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+      if (a.o_type == 1) {  // hardware f32 -> f16, round to nearest even
+        const hn::ScalableTag<float> d;
+        const hn::Rebind<hwy::float16_t, decltype(d)> dh;
+        const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+        HWY_ALIGN float tmp[kMaxBlockRows / 2];  // >= one vector (64 lanes)
+        for (; e + N <= dv; e += N) {
+          for (int64_t t = 0; t < N; ++t) tmp[t] = acc[(e + t) * e_stride + r * r_stride];
+          hn::StoreU(hn::DemoteTo(dh, hn::Mul(hn::Load(d, tmp), hn::Set(d, inv))), dh,
+                     reinterpret_cast<hwy::float16_t*>(dst + e));
+        }
+      }
+#endif
+      for (; e < dv; ++e) {
         const float x = acc[e * e_stride + r * r_stride] * inv;
         dst[e] = a.o_type == 1 ? F32ToF16(x) : F32ToBF16(x);
       }
@@ -202,14 +217,27 @@ HWY_INLINE KvTile LoadKvTile(D d, const AttentionArgsF32& a, const KvRows& src,
   return {ktile, vtile, a.head_dim_qk, a.head_dim_v};
 }
 
-// Element i of row r's query, widened exactly to f32.
-inline float QueryElement(const AttentionArgsF32& a, int64_t b,
-                          const RowTable& rt, int64_t r, int64_t i) {
+// Row r's query widened exactly to f32 and scaled: dst[i] = scale * q[i].
+// 16-bit rows go through WidenRow (hardware f16 where the target has it).
+template <class D>
+HWY_INLINE void QueryRow(D d, const AttentionArgsF32& a, int64_t b,
+                         const RowTable& rt, int64_t r,
+                         float* HWY_RESTRICT dst) {
   const int64_t at = b * a.q_strides[0] + rt.head[r] * a.q_strides[1] +
-                     rt.query[r] * a.q_strides[2] + i;
-  if (a.q_type == 0) return static_cast<const float*>(a.q)[at];
-  const uint16_t h = static_cast<const uint16_t*>(a.q)[at];
-  return a.q_type == 1 ? F16ToF32(h) : BF16ToF32(h);
+                     rt.query[r] * a.q_strides[2];
+  const int64_t dk = a.head_dim_qk;
+  if (a.q_type == 0) {
+    std::memcpy(dst, static_cast<const float*>(a.q) + at,
+                static_cast<size_t>(dk) * sizeof(float));
+  } else {
+    WidenRow(d, static_cast<const uint16_t*>(a.q) + at,
+             a.q_type == 1 ? KvType::kF16 : KvType::kBF16, dk, dst);
+  }
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto scale = hn::Set(d, a.scale);
+  int64_t i = 0;
+  for (; i + N <= dk; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, dst + i), scale), d, dst + i);
+  for (; i < dk; ++i) dst[i] *= a.scale;
 }
 
 // Starts the online softmax of `n` rows. A sink (one logit per head, no
@@ -242,11 +270,7 @@ inline void DecodeTaskF32(const AttentionArgsF32& a, int64_t task, int64_t b,
   const int64_t dk = a.head_dim_qk;
   const int64_t dv = a.head_dim_v;
   const int64_t mq = a.block_rows;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t i = 0; i < dk; ++i) {
-      qrows[r * dk + i] = QueryElement(a, b, rt, r, i) * a.scale;
-    }
-  }
+  for (int64_t r = 0; r < rows; ++r) QueryRow(d, a, b, rt, r, qrows + r * dk);
   InitRowState(a, rt, rows, m, l);
   std::fill(orow, orow + rows * dv, 0.0f);
   const KvRows src(a, b, hkv);
@@ -379,12 +403,11 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
   }
 
   // Pack the block transposed and scaled: qt[i][r] = scale * q_r[i]; padding
-  // lanes repeat a valid row. 16-bit Q is widened exactly (scalar, Dk x rows
-  // per block).
+  // lanes repeat a valid row. Each row is widened into ktile (free until
+  // the first tile) and then spread along its lane.
   for (int64_t r = 0; r < mq; ++r) {
-    for (int64_t i = 0; i < dk; ++i) {
-      qt[i * mq + r] = QueryElement(a, b, rt, r, i) * a.scale;
-    }
+    QueryRow(d, a, b, rt, r, ktile);
+    for (int64_t i = 0; i < dk; ++i) qt[i * mq + r] = ktile[i];
   }
   std::fill(acc, acc + dv * mq, 0.0f);
   InitRowState(a, rt, mq, m, l);
