@@ -166,7 +166,12 @@ simdattn::AttentionOptions MakeOptions(const Shape& s, const Variant& v,
     o.mask = simdattn::MakeBHSD(data->mask_u8.data(), simdattn::DType::kBool, 1, 1, s.q_len, s.kv_len);
   }
   if (v.mask_add) {
-    data->mask_f32.assign(size_t(s.q_len * s.kv_len), 0.0f);
+    // A general additive bias (finite, not all zero), so the entry measures
+    // the full apply and not the all-zero shortcut.
+    data->mask_f32.resize(size_t(s.q_len * s.kv_len));
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> dist(-1.0f, 0.0f);
+    for (float& x : data->mask_f32) x = dist(rng);
     o.mask = simdattn::MakeBHSD(data->mask_f32.data(), simdattn::DType::kF32, 1, 1, s.q_len, s.kv_len);
   }
   if (v.kv_lengths) {

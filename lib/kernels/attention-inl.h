@@ -88,51 +88,107 @@ inline size_t ScratchFloatsImpl(int64_t head_dim_qk, int64_t head_dim_v) {
   return static_cast<size_t>(MakeLayout(head_dim_qk, head_dim_v).total);
 }
 
+// dst[0..n) = x[0..n) * inv in O's storage type (16-bit rounded to nearest
+// even; f16 in hardware where the target converts it).
+template <class D>
+HWY_INLINE void StoreOutputRow(D d, int o_type, const float* HWY_RESTRICT x,
+                               int64_t n, float inv, void* dst) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto vinv = hn::Set(d, inv);
+  int64_t e = 0;
+  if (o_type == 0) {
+    float* out = static_cast<float*>(dst);
+    for (; e + N <= n; e += N) hn::StoreU(hn::Mul(hn::LoadU(d, x + e), vinv), d, out + e);
+    for (; e < n; ++e) out[e] = x[e] * inv;
+    return;
+  }
+  uint16_t* out = static_cast<uint16_t*>(dst);
+#if HWY_TARGET != HWY_SSSE3 && HWY_TARGET != HWY_SSE4 && \
+    HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+  if (o_type == 1) {
+    const hn::Rebind<hwy::float16_t, D> dh;
+    for (; e + N <= n; e += N) {
+      hn::StoreU(hn::DemoteTo(dh, hn::Mul(hn::LoadU(d, x + e), vinv)), dh,
+                 reinterpret_cast<hwy::float16_t*>(out + e));
+    }
+  }
+#endif
+  for (; e < n; ++e) {
+    const float y = x[e] * inv;
+    out[e] = o_type == 1 ? F32ToF16(y) : F32ToBF16(y);
+  }
+}
+
 // O = acc / l for the block's valid rows (element e of row r at
-// acc[e * e_stride + r * r_stride]); rows without a visible key (l == 0)
-// get zeros and LSE = -inf. l is NaN (not 0) for rows that saw NaN, which
-// then stays NaN. 16-bit O is rounded to nearest even.
+// acc[e * e_stride + r * r_stride]: rows contiguous when e_stride is 1, else
+// the O^T tile of the kernel, e_stride = block rows, r_stride = 1); rows
+// without a visible key (l == 0) get zeros and LSE = -inf. l is NaN (not 0)
+// for rows that saw NaN, which then stays NaN.
 inline void WriteRows(const AttentionArgsF32& a, int64_t b, const RowTable& rt,
                       int64_t rows, const float* m, const float* l,
                       const float* acc, int64_t e_stride, int64_t r_stride) {
+  const hn::ScalableTag<float> d;
   const int64_t dv = a.head_dim_v;
   const int64_t o_size = a.o_type == 0 ? 4 : 2;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float lr = l[r];
-    const float inv = lr == 0.0f ? 0.0f : 1.0f / lr;
-    char* row = static_cast<char*>(a.o) +
-                (b * a.o_strides[0] + rt.head[r] * a.o_strides[1] +
-                 rt.query[r] * a.o_strides[2]) * o_size;
-    if (a.o_type == 0) {
-      float* dst = reinterpret_cast<float*>(row);
-      for (int64_t e = 0; e < dv; ++e) dst[e] = acc[e * e_stride + r * r_stride] * inv;
-    } else {
-      uint16_t* dst = reinterpret_cast<uint16_t*>(row);
+  auto out_row = [&](int64_t r) -> void* {
+    return static_cast<char*>(a.o) +
+           (b * a.o_strides[0] + rt.head[r] * a.o_strides[1] +
+            rt.query[r] * a.o_strides[2]) * o_size;
+  };
+  auto inverse = [&](int64_t r) { return l[r] == 0.0f ? 0.0f : 1.0f / l[r]; };
+  int64_t r = 0;
+  if (e_stride == 1) {
+    for (; r < rows; ++r) {
+      StoreOutputRow(d, a.o_type, acc + r * r_stride, dv, inverse(r), out_row(r));
+    }
+  }
+#if HWY_TARGET != HWY_SCALAR
+  // O^T tile: 4 rows at a time through 4x4 transposes, 64 columns per pass.
+  constexpr int64_t kChunk = 64;
+  HWY_ALIGN float tmp[4][kChunk];
+  const hn::CappedTag<float, 4> d4;
+  for (; r + 4 <= rows && r_stride == 1; r += 4) {
+    for (int64_t e0 = 0; e0 < dv; e0 += kChunk) {
+      const int64_t n = std::min(kChunk, dv - e0);
       int64_t e = 0;
-#if HWY_TARGET != HWY_SSSE3 && HWY_TARGET != HWY_SSE4 && \
-    HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
-      if (a.o_type == 1) {  // hardware f32 -> f16, round to nearest even
-        const hn::ScalableTag<float> d;
-        const hn::Rebind<hwy::float16_t, decltype(d)> dh;
-        const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-        HWY_ALIGN float tmp[kMaxBlockRows / 2];  // >= one vector (64 lanes)
-        for (; e + N <= dv; e += N) {
-          for (int64_t t = 0; t < N; ++t) tmp[t] = acc[(e + t) * e_stride + r * r_stride];
-          hn::StoreU(hn::DemoteTo(dh, hn::Mul(hn::Load(d, tmp), hn::Set(d, inv))), dh,
-                     reinterpret_cast<hwy::float16_t*>(dst + e));
-        }
+      for (; e + 4 <= n; e += 4) {
+        const float* src = acc + (e0 + e) * e_stride + r;
+        auto a0 = hn::LoadU(d4, src), a1 = hn::LoadU(d4, src + e_stride);
+        auto a2 = hn::LoadU(d4, src + 2 * e_stride), a3 = hn::LoadU(d4, src + 3 * e_stride);
+        Transpose4x4(d4, &a0, &a1, &a2, &a3);  // a_t: row r + t
+        hn::StoreU(a0, d4, tmp[0] + e);
+        hn::StoreU(a1, d4, tmp[1] + e);
+        hn::StoreU(a2, d4, tmp[2] + e);
+        hn::StoreU(a3, d4, tmp[3] + e);
       }
-#endif
-      for (; e < dv; ++e) {
-        const float x = acc[e * e_stride + r * r_stride] * inv;
-        dst[e] = a.o_type == 1 ? F32ToF16(x) : F32ToBF16(x);
+      for (; e < n; ++e) {
+        for (int t = 0; t < 4; ++t) tmp[t][e] = acc[(e0 + e) * e_stride + r + t];
+      }
+      for (int t = 0; t < 4; ++t) {
+        char* dst = static_cast<char*>(out_row(r + t)) + e0 * o_size;
+        StoreOutputRow(d, a.o_type, tmp[t], n, inverse(r + t), dst);
       }
     }
-    if (a.lse != nullptr) {
+  }
+#endif
+  for (; r < rows; ++r) {  // leftover rows: one element at a time
+    const float inv = inverse(r);
+    char* dst = static_cast<char*>(out_row(r));
+    for (int64_t e = 0; e < dv; ++e) {
+      const float x = acc[e * e_stride + r * r_stride] * inv;
+      if (a.o_type == 0) {
+        reinterpret_cast<float*>(dst)[e] = x;
+      } else {
+        reinterpret_cast<uint16_t*>(dst)[e] = a.o_type == 1 ? F32ToF16(x) : F32ToBF16(x);
+      }
+    }
+  }
+  if (a.lse != nullptr) {
+    for (r = 0; r < rows; ++r) {
       float* lse = a.lse + b * a.lse_strides[0] + rt.head[r] * a.lse_strides[1] +
                    rt.query[r] * a.lse_strides[2];
-      *lse = lr == 0.0f ? -std::numeric_limits<float>::infinity()
-                        : m[r] + std::log(lr);
+      *lse = l[r] == 0.0f ? -std::numeric_limits<float>::infinity()
+                          : m[r] + std::log(l[r]);
     }
   }
 }
@@ -238,6 +294,41 @@ HWY_INLINE void QueryRow(D d, const AttentionArgsF32& a, int64_t b,
   int64_t i = 0;
   for (; i + N <= dk; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, dst + i), scale), d, dst + i);
   for (; i < dk; ++i) dst[i] *= a.scale;
+}
+
+// qt[i * mq + r] = scale * q_r[i] for the block's mq lanes: 4 rows at a
+// time (widened and scaled into `rows`, 4 x Dk floats), spread along their
+// lanes with 4x4 transposes.
+template <class D>
+HWY_INLINE void PackQueries(D d, const AttentionArgsF32& a, int64_t b,
+                            const RowTable& rt, int64_t mq,
+                            float* HWY_RESTRICT rows, float* HWY_RESTRICT qt) {
+  const int64_t dk = a.head_dim_qk;
+  int64_t r = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const hn::CappedTag<float, 4> d4;
+  for (; r + 4 <= mq; r += 4) {
+    for (int t = 0; t < 4; ++t) QueryRow(d, a, b, rt, r + t, rows + t * dk);
+    int64_t i = 0;
+    for (; i + 4 <= dk; i += 4) {
+      auto a0 = hn::LoadU(d4, rows + i), a1 = hn::LoadU(d4, rows + dk + i);
+      auto a2 = hn::LoadU(d4, rows + 2 * dk + i), a3 = hn::LoadU(d4, rows + 3 * dk + i);
+      Transpose4x4(d4, &a0, &a1, &a2, &a3);  // a_t: element i + t of 4 lanes
+      float* out = qt + i * mq + r;
+      hn::StoreU(a0, d4, out);
+      hn::StoreU(a1, d4, out + mq);
+      hn::StoreU(a2, d4, out + 2 * mq);
+      hn::StoreU(a3, d4, out + 3 * mq);
+    }
+    for (; i < dk; ++i) {
+      for (int t = 0; t < 4; ++t) qt[i * mq + r + t] = rows[t * dk + i];
+    }
+  }
+#endif
+  for (; r < mq; ++r) {
+    QueryRow(d, a, b, rt, r, rows);
+    for (int64_t i = 0; i < dk; ++i) qt[i * mq + r] = rows[i];
+  }
 }
 
 // Starts the online softmax of `n` rows. A sink (one logit per head, no
@@ -403,12 +494,8 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
   }
 
   // Pack the block transposed and scaled: qt[i][r] = scale * q_r[i]; padding
-  // lanes repeat a valid row. Each row is widened into ktile (free until
-  // the first tile) and then spread along its lane.
-  for (int64_t r = 0; r < mq; ++r) {
-    QueryRow(d, a, b, rt, r, ktile);
-    for (int64_t i = 0; i < dk; ++i) qt[i * mq + r] = ktile[i];
-  }
+  // lanes repeat a valid row. ktile is free until the first tile.
+  PackQueries(d, a, b, rt, mq, ktile, qt);
   std::fill(acc, acc + dv * mq, 0.0f);
   InitRowState(a, rt, mq, m, l);
   const KvRows src(a, b, hkv);

@@ -221,7 +221,6 @@ HWY_INLINE void MaskTileApplyRows(D /* d */, const MaskBlock& mb, int64_t n,
   }
 #else
   const hn::CappedTag<float, 4> d4;
-  const hn::Repartition<uint64_t, decltype(d4)> d64;
   for (int64_t r = 0; r < mq; r += 4) {  // mq is a multiple of 4 lanes
     const float* r0 = mb.row_data[mb.lane_row[r]];
     const float* r1 = mb.row_data[mb.lane_row[r + 1]];
@@ -229,18 +228,14 @@ HWY_INLINE void MaskTileApplyRows(D /* d */, const MaskBlock& mb, int64_t n,
     const float* r3 = mb.row_data[mb.lane_row[r + 3]];
     int64_t j = 0;
     for (; j + 4 <= n; j += 4) {
-      const auto a0 = hn::LoadU(d4, r0 + j), a1 = hn::LoadU(d4, r1 + j);
-      const auto a2 = hn::LoadU(d4, r2 + j), a3 = hn::LoadU(d4, r3 + j);
-      // t0 = (a0[0] a1[0] a0[1] a1[1]), t2 = (a0[2] a1[2] a0[3] a1[3]), ...
-      const auto t0 = hn::BitCast(d64, hn::InterleaveLower(d4, a0, a1));
-      const auto t1 = hn::BitCast(d64, hn::InterleaveLower(d4, a2, a3));
-      const auto t2 = hn::BitCast(d64, hn::InterleaveUpper(d4, a0, a1));
-      const auto t3 = hn::BitCast(d64, hn::InterleaveUpper(d4, a2, a3));
+      auto a0 = hn::LoadU(d4, r0 + j), a1 = hn::LoadU(d4, r1 + j);
+      auto a2 = hn::LoadU(d4, r2 + j), a3 = hn::LoadU(d4, r3 + j);
+      Transpose4x4(d4, &a0, &a1, &a2, &a3);  // a_t: key j + t of the 4 lanes
       float* x = st + j * stride + r;
-      AddBias4(d4, hn::BitCast(d4, hn::InterleaveLower(d64, t0, t1)), x);
-      AddBias4(d4, hn::BitCast(d4, hn::InterleaveUpper(d64, t0, t1)), x + stride);
-      AddBias4(d4, hn::BitCast(d4, hn::InterleaveLower(d64, t2, t3)), x + 2 * stride);
-      AddBias4(d4, hn::BitCast(d4, hn::InterleaveUpper(d64, t2, t3)), x + 3 * stride);
+      AddBias4(d4, a0, x);
+      AddBias4(d4, a1, x + stride);
+      AddBias4(d4, a2, x + 2 * stride);
+      AddBias4(d4, a3, x + 3 * stride);
     }
     for (; j < n; ++j) {
       float* x = st + j * stride + r;

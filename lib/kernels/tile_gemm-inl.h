@@ -157,6 +157,26 @@ HWY_INLINE void TileGemmRows(D d, int cols, int64_t rows,
   }
 }
 
+#if HWY_TARGET != HWY_SCALAR
+// In-register transpose of a 4x4 block of floats (4-lane vectors): row t of
+// the result is column t of the input. Used to move data between the
+// queries-along-lanes tiles and row-major tensors.
+template <class D4>
+HWY_INLINE void Transpose4x4(D4 d4, hn::Vec<D4>* a0, hn::Vec<D4>* a1,
+                             hn::Vec<D4>* a2, hn::Vec<D4>* a3) {
+  const hn::Repartition<uint64_t, D4> d64;
+  // t0 = (a0[0] a1[0] a0[1] a1[1]), t2 = (a0[2] a1[2] a0[3] a1[3]), ...
+  const auto t0 = hn::BitCast(d64, hn::InterleaveLower(d4, *a0, *a1));
+  const auto t1 = hn::BitCast(d64, hn::InterleaveLower(d4, *a2, *a3));
+  const auto t2 = hn::BitCast(d64, hn::InterleaveUpper(d4, *a0, *a1));
+  const auto t3 = hn::BitCast(d64, hn::InterleaveUpper(d4, *a2, *a3));
+  *a0 = hn::BitCast(d4, hn::InterleaveLower(d64, t0, t1));
+  *a1 = hn::BitCast(d4, hn::InterleaveUpper(d64, t0, t1));
+  *a2 = hn::BitCast(d4, hn::InterleaveLower(d64, t2, t3));
+  *a3 = hn::BitCast(d4, hn::InterleaveUpper(d64, t2, t3));
+}
+#endif
+
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
 }  // namespace simdattn
