@@ -262,6 +262,10 @@ HWY_INLINE MaskTile MaskTileBias(D d, const AttentionArgsF32& a, MaskBlock* mb,
   for (int64_t u = 0; u < mb->num_rows; ++u) {
     const float* row = MaskRow(d, a, *mb, u, kv_begin, num_keys);
     mb->row_data[u] = row;
+    if (row == mb->zeros) {  // a bool row that allows the whole tile
+      t.visible = true;
+      continue;
+    }
     auto any_hidden = hn::FirstN(d, 0), any_bias = any_hidden;
     auto all_hidden = hn::Not(any_hidden);
     int64_t j = 0;
