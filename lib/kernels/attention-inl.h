@@ -103,8 +103,7 @@ HWY_INLINE void StoreOutputRow(D d, int o_type, const float* HWY_RESTRICT x,
     return;
   }
   uint16_t* out = static_cast<uint16_t*>(dst);
-#if HWY_TARGET != HWY_SSSE3 && HWY_TARGET != HWY_SSE4 && \
-    HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+#if SIMDATTN_HW_F16
   if (o_type == 1) {
     const hn::Rebind<hwy::float16_t, D> dh;
     for (; e + N <= n; e += N) {

@@ -13,6 +13,18 @@
 #include "hwy/highway.h"
 #include "lib/dtype.h"
 
+// 1 where this target converts f16 <-> f32 in hardware (F16C on AVX2 and
+// AVX-512, NEON, SVE). Highway 1.0.3 emulates the conversion elsewhere and
+// turns f16 Inf into 65536, so SSSE3, SSE4, SCALAR and EMU128 convert in
+// software (lib/dtype.h). Redefined for every target pass of this header.
+#undef SIMDATTN_HW_F16
+#if HWY_TARGET == HWY_SSSE3 || HWY_TARGET == HWY_SSE4 || \
+    HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+#define SIMDATTN_HW_F16 0
+#else
+#define SIMDATTN_HW_F16 1
+#endif
+
 HWY_BEFORE_NAMESPACE();
 namespace simdattn {
 namespace HWY_NAMESPACE {
@@ -40,8 +52,7 @@ HWY_INLINE void WidenRow(D d, const uint16_t* HWY_RESTRICT src, KvType type,
     for (; i < n; ++i) dst[i] = BF16ToF32(src[i]);
     return;
   }
-#if HWY_TARGET != HWY_SSSE3 && HWY_TARGET != HWY_SSE4 && \
-    HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+#if SIMDATTN_HW_F16
   const hn::Rebind<hwy::float16_t, D> dh;
   for (; i + N <= n; i += N) {
     hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(src + i))),

@@ -17,6 +17,7 @@
 
 #include "hwy/highway.h"
 #include "lib/dtype.h"
+#include "lib/kernels/convert-inl.h"
 #include "lib/kernels/exp-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -38,24 +39,18 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // K/V elements as stored: kKv 0 = f32, 1 = f16, 2 = bf16 (the KvType
 // codes), widened to f32 in registers as they are loaded. f16 is only used
-// this way where the target converts it in hardware (KvF16InRegisters).
+// this way where the target converts it in hardware (kKvF16InRegisters).
 template <int kKv>
 using KvElem = std::conditional_t<kKv == 0, float, uint16_t>;
 
-#if HWY_TARGET != HWY_SSSE3 && HWY_TARGET != HWY_SSE4 && \
-    HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
-constexpr bool kKvF16InRegisters = true;
-#else
-constexpr bool kKvF16InRegisters = false;
-#endif
+constexpr bool kKvF16InRegisters = SIMDATTN_HW_F16 != 0;
 
 template <int kKv, class D>
 HWY_INLINE hn::VFromD<D> LoadKv(D d, const KvElem<kKv>* HWY_RESTRICT p) {
   if constexpr (kKv == 0) {
     return hn::LoadU(d, p);
   } else if constexpr (kKv == 1) {
-#if HWY_TARGET != HWY_SSSE3 && HWY_TARGET != HWY_SSE4 && \
-    HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+#if SIMDATTN_HW_F16
     const hn::Rebind<hwy::float16_t, D> dh;
     return hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
 #else
