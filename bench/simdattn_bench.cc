@@ -183,6 +183,27 @@ simdattn::AttentionOptions MakeOptions(const Shape& s, const Variant& v,
   return o;
 }
 
+// The timed loop of the simdattn entries: one Attention() call per
+// iteration; labels the entry with the target that ran. False (and the
+// entry marked as an error) if a call fails.
+bool TimeAttention(benchmark::State& state, const simdattn::TensorView& q,
+                   const simdattn::TensorView& k, const simdattn::TensorView& v,
+                   const simdattn::MutableTensorView& o,
+                   const simdattn::AttentionOptions& options,
+                   const simdattn::ExecutionOptions& exec) {
+  simdattn::RunInfo info;
+  for (auto _ : state) {
+    const simdattn::Status st = simdattn::Attention(q, k, v, o, options, {}, exec, &info);
+    if (!st.ok()) {
+      state.SkipWithError(st.message.c_str());
+      return false;
+    }
+    benchmark::DoNotOptimize(o.data);
+  }
+  state.SetLabel(info.target);
+  return true;
+}
+
 void BenchSimdattn(benchmark::State& state, const Shape& s, const Variant& var,
                    int threads) {
   static std::map<std::string, std::unique_ptr<Problem>> problems;
@@ -202,18 +223,9 @@ void BenchSimdattn(benchmark::State& state, const Shape& s, const Variant& var,
                                     s.kv_heads, s.kv_len, s.head_dim);
   const auto o = simdattn::MakeBHSD(p.o.data(), simdattn::DType::kF32, s.batch,
                                     s.q_heads, s.q_len, s.head_dim);
-  simdattn::RunInfo info;
-  for (auto _ : state) {
-    const simdattn::Status st =
-        simdattn::Attention(q, k, v, o, options, {}, exec, &info);
-    if (!st.ok()) {
-      state.SkipWithError(st.message.c_str());
-      return;
-    }
-    benchmark::DoNotOptimize(p.o.data());
+  if (TimeAttention(state, q, k, v, o, options, exec)) {
+    SetCounters(state, s, var.causal, var.window_left);
   }
-  state.SetLabel(info.target);
-  SetCounters(state, s, var.causal, var.window_left);
 }
 
 // Q, K, V and O all stored in 16 bits (f16 or bf16), rounded from the f32
@@ -240,17 +252,9 @@ void BenchSimdattn16(benchmark::State& state, const Shape& s, bool causal,
   const auto k = simdattn::MakeBHSD(k16.data(), dtype, s.batch, s.kv_heads, s.kv_len, s.head_dim);
   const auto v = simdattn::MakeBHSD(v16.data(), dtype, s.batch, s.kv_heads, s.kv_len, s.head_dim);
   const auto o = simdattn::MakeBHSD(o16.data(), dtype, s.batch, s.q_heads, s.q_len, s.head_dim);
-  simdattn::RunInfo info;
-  for (auto _ : state) {
-    const simdattn::Status st = simdattn::Attention(q, k, v, o, options, {}, exec, &info);
-    if (!st.ok()) {
-      state.SkipWithError(st.message.c_str());
-      return;
-    }
-    benchmark::DoNotOptimize(o16.data());
+  if (TimeAttention(state, q, k, v, o, options, exec)) {
+    SetCounters(state, s, causal, -1, 2.0);
   }
-  state.SetLabel(info.target);
-  SetCounters(state, s, causal, -1, 2.0);
 }
 
 void BenchNaive(benchmark::State& state, const Shape& s, bool causal) {
