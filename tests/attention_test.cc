@@ -1070,6 +1070,31 @@ TEST(DecodeTest, SplitKeysAgainstReference) {
   }
 }
 
+// Head dims wide enough for the decode path's vector loops (4 vectors of
+// outputs, 4 keys of scores) plus a tail on every target, key counts that
+// end tiles and chunks off the 4-key grid, and groups of 4 and 8 rows.
+TEST(DecodeTest, WideHeadsWithTails) {
+  int n = 0;
+  for (int64_t dk : {128, 72}) {
+    for (int64_t kv_heads : {2, 1}) {
+      for (DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
+        Case c;
+        c.kv_dtype = kv;
+        c.bound = OutputBound(DType::kF32);
+        c.batch = 1;
+        c.q_heads = 8;
+        c.kv_heads = kv_heads;
+        c.q_len = 1;
+        c.kv_len = dk == 128 ? 1027 : 1534;
+        c.dk = dk;
+        c.dv = dk == 128 ? 128 : 136;
+        c.layout = n % 2 ? Layout::kBSHD : Layout::kBHSD;
+        CheckAllTargets(c, MakeInputs(c, 4050 + n++));
+      }
+    }
+  }
+}
+
 TEST(DecodeTest, SplitWithEveryOption) {
   float sinks[4] = {0.5f, -1.0f, 1.5f, 0.0f};
   float slopes[4] = {0.01f, 0.02f, 0.04f, 0.001f};

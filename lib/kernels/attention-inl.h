@@ -370,19 +370,30 @@ inline void DecodeTaskF32(const AttentionArgsF32& a, int64_t task, int64_t b,
   const int64_t ks = a.k_strides[2], vs = a.v_strides[2];
   for (int64_t kv_begin = kv_start; kv_begin < kv_end; kv_begin += kKeyTile) {
     const int64_t nk = std::min(kKeyTile, kv_end - kv_begin);
-    PrefetchKvTile(a, src, kv_begin + kKeyTile, kKeyTile, kv_end);
-    if (!in_registers || src.type == KvType::kF32) {
+    // Rows that exist past this tile may be prefetched, even past the chunk
+    // (the next task streams on from there).
+    const int64_t prefetch_end = a.kv_len - kv_begin;
+    if (!in_registers) {  // widened tile by tile: prefetch the next whole
+      PrefetchKvTile(a, src, kv_begin + kKeyTile, kKeyTile, kv_end);
+      const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
+      DecodeTile<0>(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk, 0,
+                    s, m, l, orow);
+      continue;
+    }
+    if (src.type == KvType::kF32) {
       const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
       DecodeTile<0>(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk,
-                    s, m, l, orow);
+                    prefetch_end, s, m, l, orow);
       continue;
     }
     const uint16_t* k16 = reinterpret_cast<const uint16_t*>(src.k) + kv_begin * ks;
     const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.v) + kv_begin * vs;
     if (src.type == KvType::kF16) {
-      DecodeTile<1>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk, s, m, l, orow);
+      DecodeTile<1>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk, prefetch_end,
+                    s, m, l, orow);
     } else {
-      DecodeTile<2>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk, s, m, l, orow);
+      DecodeTile<2>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk, prefetch_end,
+                    s, m, l, orow);
     }
   }
   if (a.num_chunks > 1) {
