@@ -271,11 +271,8 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     args.num_chunks = 1;
     args.chunk_keys = p.kv_len;
     args.partials = nullptr;
-    // Lq = 1 without score or weight options: the decode micro-path.
-    args.decode_path = p.q_len == 1 && p.group <= args.block_rows &&
-                       !p.has_mask && options.softcap == 0.0f &&
-                       options.alibi_slopes == nullptr &&
-                       options.dropout_p == 0.0f;
+    // Lq = 1: the decode micro-path (every option runs on it).
+    args.decode_path = p.q_len == 1 && p.group <= args.block_rows;
     if (p.q_len <= kDecodeMaxQueries && p.kv_len > kDecodeChunkKeys) {
       const int64_t min_chunk = (p.kv_len + kMaxSplitChunks - 1) / kMaxSplitChunks;
       args.chunk_keys = std::max(kDecodeChunkKeys, (min_chunk + 63) / 64 * 64);

@@ -1095,6 +1095,114 @@ TEST(DecodeTest, WideHeadsWithTails) {
   }
 }
 
+// Lq = 1 takes the decode path with every option: alone, combined, with
+// the keys split into chunks and tiles that start off the 4-key grid.
+TEST(DecodeTest, EveryOptionOnTheDecodePath) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  float sinks[8] = {0.5f, -1.0f, 2.0f, 0.0f, neg_inf, 1.0f, -3.0f, 0.25f};
+  float slopes[8] = {0.01f, 0.02f, 0.04f, 0.001f, 0.1f, 0.005f, 0.03f, 0.0f};
+  int64_t lens[2] = {1300, 777};
+  const int64_t lk = 1300;
+  std::mt19937 rng(4300);
+  Tensor pad(DType::kBool, 2, 1, 1, lk);
+  Tensor add(DType::kF32, 2, 8, 1, lk);
+  Tensor add16(DType::kF16, 1, 1, 1, lk);
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t j = 0; j < lk; ++j) {
+      pad.Set(b, 0, 0, j, rng() % 5 != 0 ? 1.0f : 0.0f);
+      for (int64_t h = 0; h < 8; ++h) {
+        add.Set(b, h, 0, j, rng() % 7 == 0 ? neg_inf : (rng() % 1000) * 0.002f - 1.0f);
+      }
+    }
+  }
+  for (int64_t j = 0; j < lk; ++j) add16.Set(0, 0, 0, j, (rng() % 100) * 0.01f - 0.5f);
+  for (int which = 0; which < 9; ++which) {
+    for (int64_t kv_heads : {2, 1}) {  // groups of 4 and 8 rows
+      SCOPED_TRACE(testing::Message() << "option set " << which << " kv_heads " << kv_heads);
+      Case c;
+      c.kv_dtype = which % 3 == 0 ? DType::kF32 : (which % 3 == 1 ? DType::kF16 : DType::kBF16);
+      c.bound = OutputBound(DType::kF32);
+      c.batch = 2;
+      c.q_heads = 8;
+      c.kv_heads = kv_heads;
+      c.q_len = 1;
+      c.kv_len = lk;
+      c.dk = 72;
+      c.dv = 136;
+      c.layout = which % 2 ? Layout::kBSHD : Layout::kBHSD;
+      c.options.alignment = Alignment::kBottomRight;
+      switch (which) {
+        case 0: c.options.softcap = 5.0f; break;
+        case 1: c.options.alibi_slopes = slopes; break;
+        case 2: c.options.mask = pad.View(); break;
+        case 3: c.options.mask = add.View(); break;
+        case 4: c.options.mask = add16.View(); break;
+        case 5:
+          c.options.dropout_p = 0.3f;
+          c.options.dropout_seed = 99;
+          c.options.kv_lengths = lens;
+          break;
+        case 6:
+          c.options.window_left = 333;  // tiles start off the 4-key grid
+          c.options.dropout_p = 0.5f;
+          c.options.dropout_seed = 7;
+          c.options.sinks = sinks;
+          break;
+        case 7:
+          c.options.mask = add.View();
+          c.options.alibi_slopes = slopes;
+          c.options.softcap = 3.0f;
+          break;
+        case 8:
+          c.options.causal = true;
+          c.options.window_left = 500;
+          c.options.sinks = sinks;
+          c.options.mask = pad.View();
+          c.options.kv_lengths = lens;
+          break;
+      }
+      CheckAllTargets(c, MakeInputs(c, 4310 + which));
+    }
+  }
+}
+
+// Keys the mask hides take no part on the decode path either: their V rows
+// hold Inf/NaN and the outputs of the heads that cannot see them stay
+// finite, while the head that sees one Inf row gets a non-finite output.
+TEST(DecodeTest, HiddenInfInValueDoesNotLeak) {
+  Case c;
+  c.kv_dtype = DType::kF16;
+  c.q_heads = 4;
+  c.kv_heads = 1;
+  c.q_len = 1;
+  c.kv_len = 1100;
+  c.dk = 64;
+  c.dv = 64;
+  Inputs in = MakeInputs(c, 4400);
+  for (int64_t j = 600; j < 900; ++j) {
+    in.v.Set(0, 0, j, j % 64, j % 2 ? std::numeric_limits<float>::quiet_NaN()
+                                     : std::numeric_limits<float>::infinity());
+  }
+  // Heads 0-2 see no key in [600, 900) (whole tiles hidden, and tiles
+  // partly hidden); head 3 sees key 700 (V row: Inf in lane 700 % 64).
+  Tensor mask(DType::kBool, 1, 4, 1, 1100);
+  for (int64_t h = 0; h < 4; ++h)
+    for (int64_t j = 0; j < 1100; ++j)
+      mask.Set(0, h, 0, j, (j >= 600 && j < 900 && !(h == 3 && j == 700)) ? 0.0f : 1.0f);
+  c.options.mask = mask.View();
+  for (const std::string& target : AvailableTargets()) {
+    SCOPED_TRACE(target);
+    const Outputs out = RunFast(c, in, target);
+    ASSERT_TRUE(out.status.ok()) << out.status.message;
+    for (int64_t h = 0; h < 4; ++h) {
+      for (int64_t e = 0; e < 64; ++e) {
+        const bool finite = std::isfinite(out.o.Get(0, h, 0, e));
+        EXPECT_EQ(finite, h < 3 || e != 700 % 64) << "head " << h << " lane " << e;
+      }
+    }
+  }
+}
+
 TEST(DecodeTest, SplitWithEveryOption) {
   float sinks[4] = {0.5f, -1.0f, 1.5f, 0.0f};
   float slopes[4] = {0.01f, 0.02f, 0.04f, 0.001f};

@@ -345,17 +345,105 @@ inline void InitRowState(const AttentionArgsF32& a, const RowTable& rt,
   }
 }
 
+// Score and weight options on the decode path (decode-inl.h's Mods): the
+// same rules and order as the tiled kernel (softcap, ALiBi, mask; dropout on
+// the weights), applied per row with the keys along the lanes.
+struct DecodeMods {
+  static constexpr bool kActive = true;
+  const AttentionArgsF32* a;
+  const RowTable* rt;
+  const MaskBlock* mask;  // null without a mask
+  int64_t b;
+  int64_t kv_begin = 0;   // the tile's first key
+  bool hide = false;      // the mask hides some key of the tile from some row
+  bool bias = false;      // the mask's tile has a non-zero bias
+
+  bool may_hide() const { return hide; }
+  void Scores(int64_t r, int64_t nk, float* HWY_RESTRICT x) const {
+    const hn::ScalableTag<float> d;
+    if (a->softcap > 0.0f) SoftcapRow(d, a->softcap, nk, x);
+    if (a->alibi_slopes != nullptr) AlibiRow(d, rt->slope[r], rt->pos[r], kv_begin, nk, x);
+    if (bias) {
+      const float* row = mask->row_data[mask->lane_row[r]];
+      if (row != mask->zeros) BiasRow(d, row, nk, x);
+    }
+  }
+  void Weights(int64_t r, int64_t nk, float* HWY_RESTRICT p) const {
+    const hn::ScalableTag<float> d;
+    if (a->dropout_p > 0.0f) {
+      DropoutRow(d, *a, b, rt->head[r], rt->query[r], kv_begin, nk, p);
+    }
+  }
+};
+
+// The tiles of a decode task, with score/weight options (DecodeMods) or
+// without (NoDecodeMods). A tile the mask hides from every row is skipped.
+template <class Mods>
+HWY_INLINE void DecodeTiles(const AttentionArgsF32& a, const KvRows& src,
+                            int64_t rows, const float* HWY_RESTRICT qrows,
+                            int64_t kv_start, int64_t kv_end,
+                            float* HWY_RESTRICT s, float* HWY_RESTRICT orow,
+                            float* HWY_RESTRICT m, float* HWY_RESTRICT l,
+                            float* HWY_RESTRICT ktile, float* HWY_RESTRICT vtile,
+                            MaskBlock* mask, Mods* mods) {
+  const hn::ScalableTag<float> d;
+  const int64_t dk = a.head_dim_qk;
+  const int64_t dv = a.head_dim_v;
+  // f32 and bf16 K/V (and f16 where the target converts it in hardware) are
+  // widened in registers as they are loaded; otherwise tile by tile.
+  const bool in_registers = src.type != KvType::kF16 || kKvF16InRegisters;
+  const int64_t ks = a.k_strides[2], vs = a.v_strides[2];
+  for (int64_t kv_begin = kv_start; kv_begin < kv_end; kv_begin += kKeyTile) {
+    const int64_t nk = std::min(kKeyTile, kv_end - kv_begin);
+    if constexpr (Mods::kActive) {
+      mods->kv_begin = kv_begin;
+      if (mask != nullptr) {
+        const MaskTile mt = MaskTileBias(d, a, mask, kv_begin, nk);
+        if (!mt.visible) continue;
+        mods->hide = mt.hidden;
+        mods->bias = mt.bias;
+      }
+    }
+    // Rows that exist past this tile may be prefetched, even past the chunk
+    // (the next task streams on from there).
+    const int64_t prefetch_end = a.kv_len - kv_begin;
+    if (!in_registers) {  // widened tile by tile: prefetch the next whole
+      PrefetchKvTile(a, src, kv_begin + kKeyTile, kKeyTile, kv_end);
+      const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
+      DecodeTile<0>(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk, 0,
+                    s, m, l, orow, *mods);
+      continue;
+    }
+    if (src.type == KvType::kF32) {
+      const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
+      DecodeTile<0>(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk,
+                    prefetch_end, s, m, l, orow, *mods);
+      continue;
+    }
+    const uint16_t* k16 = reinterpret_cast<const uint16_t*>(src.k) + kv_begin * ks;
+    const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.v) + kv_begin * vs;
+    if (src.type == KvType::kF16) {
+      DecodeTile<1>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk, prefetch_end,
+                    s, m, l, orow, *mods);
+    } else {
+      DecodeTile<2>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk, prefetch_end,
+                    s, m, l, orow, *mods);
+    }
+  }
+}
+
 // The decode micro-path for one task (args.decode_path): rows are the G
 // heads of the group at query 0, all seeing the same key range. Q rows go to
 // `qrows` ([G][Dk], scaled), outputs to `orow` ([G][Dv]); the result is
-// written as partials (split calls) or straight to O/LSE.
+// written as partials (split calls) or straight to O/LSE. mask_storage holds
+// MaskBlock::Floats(block_rows, kKeyTile) floats.
 inline void DecodeTaskF32(const AttentionArgsF32& a, int64_t task, int64_t b,
                           int64_t hkv, const RowTable& rt, int64_t rows,
                           int64_t kv_start, int64_t kv_end,
                           float* HWY_RESTRICT qrows, float* HWY_RESTRICT s,
                           float* HWY_RESTRICT orow, float* HWY_RESTRICT m,
                           float* HWY_RESTRICT l, float* HWY_RESTRICT ktile,
-                          float* HWY_RESTRICT vtile) {
+                          float* HWY_RESTRICT vtile, float* mask_storage) {
   const hn::ScalableTag<float> d;
   const int64_t dk = a.head_dim_qk;
   const int64_t dv = a.head_dim_v;
@@ -364,37 +452,21 @@ inline void DecodeTaskF32(const AttentionArgsF32& a, int64_t task, int64_t b,
   InitRowState(a, rt, rows, m, l);
   std::fill(orow, orow + rows * dv, 0.0f);
   const KvRows src(a, b, hkv);
-  // f32 and bf16 K/V (and f16 where the target converts it in hardware) are
-  // widened in registers as they are loaded; otherwise tile by tile.
-  const bool in_registers = src.type != KvType::kF16 || kKvF16InRegisters;
-  const int64_t ks = a.k_strides[2], vs = a.v_strides[2];
-  for (int64_t kv_begin = kv_start; kv_begin < kv_end; kv_begin += kKeyTile) {
-    const int64_t nk = std::min(kKeyTile, kv_end - kv_begin);
-    // Rows that exist past this tile may be prefetched, even past the chunk
-    // (the next task streams on from there).
-    const int64_t prefetch_end = a.kv_len - kv_begin;
-    if (!in_registers) {  // widened tile by tile: prefetch the next whole
-      PrefetchKvTile(a, src, kv_begin + kKeyTile, kKeyTile, kv_end);
-      const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
-      DecodeTile<0>(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk, 0,
-                    s, m, l, orow);
-      continue;
-    }
-    if (src.type == KvType::kF32) {
-      const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
-      DecodeTile<0>(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk,
-                    prefetch_end, s, m, l, orow);
-      continue;
-    }
-    const uint16_t* k16 = reinterpret_cast<const uint16_t*>(src.k) + kv_begin * ks;
-    const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.v) + kv_begin * vs;
-    if (src.type == KvType::kF16) {
-      DecodeTile<1>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk, prefetch_end,
-                    s, m, l, orow);
-    } else {
-      DecodeTile<2>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk, prefetch_end,
-                    s, m, l, orow);
-    }
+  if (a.mask_kind != 0 || a.softcap > 0.0f || a.alibi_slopes != nullptr ||
+      a.dropout_p > 0.0f) {
+    MaskBlock mask(mask_storage, mq, kKeyTile);
+    if (a.mask_kind != 0) mask.Init(a, b, rt);
+    DecodeMods mods;
+    mods.a = &a;
+    mods.rt = &rt;
+    mods.mask = a.mask_kind != 0 ? &mask : nullptr;
+    mods.b = b;
+    DecodeTiles(a, src, rows, qrows, kv_start, kv_end, s, orow, m, l, ktile,
+                vtile, a.mask_kind != 0 ? &mask : nullptr, &mods);
+  } else {
+    NoDecodeMods none;
+    DecodeTiles(a, src, rows, qrows, kv_start, kv_end, s, orow, m, l, ktile,
+                vtile, nullptr, &none);
   }
   if (a.num_chunks > 1) {
     float* out = a.partials + task * mq * (dv + 2);
@@ -499,7 +571,7 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
 
   if (a.decode_path) {
     DecodeTaskF32(a, task, b, hkv, rt, rows, kv_start, kv_end, qt, st, acc, m,
-                  l, ktile, vtile);
+                  l, ktile, vtile, scratch + lay.mask);
     return;
   }
 

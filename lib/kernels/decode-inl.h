@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -78,6 +79,12 @@ HWY_INLINE void PrefetchRow(const KvElem<kKv>* row, int64_t elems) {
   const char* p = reinterpret_cast<const char*>(row);
   const int64_t bytes = elems * static_cast<int64_t>(sizeof(KvElem<kKv>));
   for (int64_t b = 0; b < bytes; b += 64) hwy::Prefetch(p + b);
+}
+
+HWY_INLINE uint32_t BitCastScalar(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return bits;
 }
 
 template <int kKv>
@@ -212,22 +219,26 @@ HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
   }
 }
 
-// o[r] = scale[r] * o[r] + sum_j p[r * nk + j] * v_j for up to 4 rows; 4
-// output vectors per row in registers, then the head-dim tail in scalar code.
-// V rows below `prefetch_end` (counted from v) may be prefetched.
-template <int kRows, int kKv, class D>
-HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
-                             const KvElem<kKv>* HWY_RESTRICT v, int64_t v_row,
-                             int64_t dv, int64_t prefetch_end,
-                             const float* HWY_RESTRICT scale,
-                             float* HWY_RESTRICT o) {
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  int64_t e = 0;
-  for (; e + 4 * N <= dv; e += 4 * N) {
-    auto a00 = hn::Zero(d), a01 = a00, a02 = a00, a03 = a00;
-    auto a10 = a00, a11 = a00, a12 = a00, a13 = a00;
-    auto a20 = a00, a21 = a00, a22 = a00, a23 = a00;
-    auto a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+// Whether 16 accumulators hold only finite values (x * 0 is +-0 for finite
+// x and NaN for Inf/NaN).
+template <class D, class V>
+HWY_INLINE bool AllFinite16(D d, V x0, V x1, V x2, V x3, V x4, V x5, V x6, V x7,
+                            V x8, V x9, V x10, V x11, V x12, V x13, V x14, V x15) {
+  const hn::RebindToUnsigned<D> du;
+  const V z = hn::Zero(d);
+  const auto t0 = hn::Or(hn::Or(hn::Mul(x0, z), hn::Mul(x1, z)),
+                         hn::Or(hn::Mul(x2, z), hn::Mul(x3, z)));
+  const auto t1 = hn::Or(hn::Or(hn::Mul(x4, z), hn::Mul(x5, z)),
+                         hn::Or(hn::Mul(x6, z), hn::Mul(x7, z)));
+  const auto t2 = hn::Or(hn::Or(hn::Mul(x8, z), hn::Mul(x9, z)),
+                         hn::Or(hn::Mul(x10, z), hn::Mul(x11, z)));
+  const auto t3 = hn::Or(hn::Or(hn::Mul(x12, z), hn::Mul(x13, z)),
+                         hn::Or(hn::Mul(x14, z), hn::Mul(x15, z)));
+  const auto all = hn::BitCast(du, hn::Or(hn::Or(t0, t1), hn::Or(t2, t3)));
+  const auto magnitude = hn::And(all, hn::Set(du, 0x7FFFFFFFu));
+  return hn::AllTrue(du, hn::Eq(magnitude, hn::Zero(du)));
+}
+
 #define SIMDATTN_LOAD_O(R)                                        \
   if (R < kRows) {                                                \
     const auto c = hn::Set(d, scale[R]);                          \
@@ -236,26 +247,25 @@ HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
     a##R##2 = hn::Mul(c, hn::LoadU(d, o + R * dv + e + 2 * N));   \
     a##R##3 = hn::Mul(c, hn::LoadU(d, o + R * dv + e + 3 * N));   \
   }
-    SIMDATTN_LOAD_O(0) SIMDATTN_LOAD_O(1) SIMDATTN_LOAD_O(2) SIMDATTN_LOAD_O(3)
-#undef SIMDATTN_LOAD_O
-    for (int64_t j = 0; j < nk; ++j) {
-      const KvElem<kKv>* vj = v + j * v_row + e;
-      if (e == 0 && j + kPrefetchRows < prefetch_end) {
-        PrefetchRow<kKv>(v + (j + kPrefetchRows) * v_row, dv);
-      }
-      const auto x0 = LoadKv<kKv>(d, vj), x1 = LoadKv<kKv>(d, vj + N);
-      const auto x2 = LoadKv<kKv>(d, vj + 2 * N), x3 = LoadKv<kKv>(d, vj + 3 * N);
-#define SIMDATTN_PV_ROW(R)                                   \
-  if (R < kRows) {                                           \
-    const auto w = hn::Set(d, p[R * nk + j]);                \
-    a##R##0 = hn::MulAdd(w, x0, a##R##0);                    \
-    a##R##1 = hn::MulAdd(w, x1, a##R##1);                    \
-    a##R##2 = hn::MulAdd(w, x2, a##R##2);                    \
-    a##R##3 = hn::MulAdd(w, x3, a##R##3);                    \
+#define SIMDATTN_PV_ROW(R, GUARD)                                      \
+  if (R < kRows && (!GUARD || BitCastScalar(p[R * nk + j]) != 0)) {    \
+    const auto w = hn::Set(d, p[R * nk + j]);                          \
+    a##R##0 = hn::MulAdd(w, x0, a##R##0);                              \
+    a##R##1 = hn::MulAdd(w, x1, a##R##1);                              \
+    a##R##2 = hn::MulAdd(w, x2, a##R##2);                              \
+    a##R##3 = hn::MulAdd(w, x3, a##R##3);                              \
   }
-      SIMDATTN_PV_ROW(0) SIMDATTN_PV_ROW(1) SIMDATTN_PV_ROW(2) SIMDATTN_PV_ROW(3)
-#undef SIMDATTN_PV_ROW
-    }
+#define SIMDATTN_PV_KEYS(GUARD)                                                  \
+  for (int64_t j = 0; j < nk; ++j) {                                             \
+    const KvElem<kKv>* vj = v + j * v_row + e;                                   \
+    if (!GUARD && e == 0 && j + kPrefetchRows < prefetch_end) {                  \
+      PrefetchRow<kKv>(v + (j + kPrefetchRows) * v_row, dv);                     \
+    }                                                                            \
+    const auto x0 = LoadKv<kKv>(d, vj), x1 = LoadKv<kKv>(d, vj + N);             \
+    const auto x2 = LoadKv<kKv>(d, vj + 2 * N), x3 = LoadKv<kKv>(d, vj + 3 * N); \
+    SIMDATTN_PV_ROW(0, GUARD) SIMDATTN_PV_ROW(1, GUARD)                          \
+    SIMDATTN_PV_ROW(2, GUARD) SIMDATTN_PV_ROW(3, GUARD)                          \
+  }
 #define SIMDATTN_STORE_O(R)                                  \
   if (R < kRows) {                                           \
     hn::StoreU(a##R##0, d, o + R * dv + e);                  \
@@ -263,30 +273,110 @@ HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
     hn::StoreU(a##R##2, d, o + R * dv + e + 2 * N);          \
     hn::StoreU(a##R##3, d, o + R * dv + e + 3 * N);          \
   }
+#define SIMDATTN_PV_ACCUMULATORS                   \
+  auto a00 = hn::Zero(d), a01 = a00, a02 = a00, a03 = a00; \
+  auto a10 = a00, a11 = a00, a12 = a00, a13 = a00; \
+  auto a20 = a00, a21 = a00, a22 = a00, a23 = a00; \
+  auto a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+
+// DecodeValues for output columns [e, e + 4N) skipping +0.0 weights (hidden
+// keys): the rare redo when the plain product was not finite. Out of line,
+// so the plain loop's code stays as it is without options.
+template <int kRows, int kKv, class D>
+HWY_NOINLINE void DecodeValuesGuarded(D d, const float* HWY_RESTRICT p,
+                                      int64_t nk,
+                                      const KvElem<kKv>* HWY_RESTRICT v,
+                                      int64_t v_row, int64_t dv, int64_t e,
+                                      const float* HWY_RESTRICT scale,
+                                      float* HWY_RESTRICT o) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t prefetch_end = 0;
+  SIMDATTN_PV_ACCUMULATORS
+  SIMDATTN_LOAD_O(0) SIMDATTN_LOAD_O(1) SIMDATTN_LOAD_O(2) SIMDATTN_LOAD_O(3)
+  SIMDATTN_PV_KEYS(true)
+  SIMDATTN_STORE_O(0) SIMDATTN_STORE_O(1) SIMDATTN_STORE_O(2) SIMDATTN_STORE_O(3)
+}
+
+// o[r] = scale[r] * o[r] + sum_j p[r * nk + j] * v_j for up to 4 rows; 4
+// output vectors per row in registers, then the head-dim tail in scalar code.
+// V rows below `prefetch_end` (counted from v) may be prefetched.
+// kMayHide: some weight may be +0.0 for a hidden key, whose V row must take
+// no part (0 * Inf would be NaN). The plain product runs first; only if its
+// result is not finite is it redone skipping +0.0 weights (dropped keys are
+// -0.0 and still take part, as in the reference).
+template <int kRows, int kKv, bool kMayHide, class D>
+HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
+                             const KvElem<kKv>* HWY_RESTRICT v, int64_t v_row,
+                             int64_t dv, int64_t prefetch_end,
+                             const float* HWY_RESTRICT scale,
+                             float* HWY_RESTRICT o) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t e = 0;
+  for (; e + 4 * N <= dv; e += 4 * N) {
+    SIMDATTN_PV_ACCUMULATORS
+    SIMDATTN_LOAD_O(0) SIMDATTN_LOAD_O(1) SIMDATTN_LOAD_O(2) SIMDATTN_LOAD_O(3)
+    SIMDATTN_PV_KEYS(false)
+    if (kMayHide && !AllFinite16(d, a00, a01, a02, a03, a10, a11, a12, a13, a20,
+                                 a21, a22, a23, a30, a31, a32, a33)) {
+      DecodeValuesGuarded<kRows, kKv>(d, p, nk, v, v_row, dv, e, scale, o);
+      continue;
+    }
     SIMDATTN_STORE_O(0) SIMDATTN_STORE_O(1) SIMDATTN_STORE_O(2) SIMDATTN_STORE_O(3)
-#undef SIMDATTN_STORE_O
   }
-  for (int r = 0; r < kRows; ++r) {  // head-dim tail
+  // Head-dim tail (none when Dv is a multiple of 4 vectors: then the key
+  // loop below, with its data-dependent branch, must not run at all).
+  for (int r = 0; r < kRows && e < dv; ++r) {
     for (int64_t t = e; t < dv; ++t) o[r * dv + t] *= scale[r];
     for (int64_t j = 0; j < nk; ++j) {
       const float w = p[r * nk + j];
+      if (kMayHide && BitCastScalar(w) == 0) continue;  // a hidden key
       const KvElem<kKv>* vj = v + j * v_row;
       for (int64_t t = e; t < dv; ++t) o[r * dv + t] += w * KvToF32<kKv>(vj[t]);
     }
   }
 }
+#undef SIMDATTN_PV_ACCUMULATORS
+#undef SIMDATTN_STORE_O
+#undef SIMDATTN_PV_KEYS
+#undef SIMDATTN_PV_ROW
+#undef SIMDATTN_LOAD_O
+
+template <int kKv, bool kMayHide, class D>
+HWY_INLINE void DecodeValuesRows(D d, int64_t n, const float* HWY_RESTRICT p,
+                                 int64_t nk, const KvElem<kKv>* HWY_RESTRICT v,
+                                 int64_t v_row, int64_t dv, int64_t pf,
+                                 const float* HWY_RESTRICT scale,
+                                 float* HWY_RESTRICT o) {
+  switch (n) {
+    case 4: DecodeValues<4, kKv, kMayHide>(d, p, nk, v, v_row, dv, pf, scale, o); break;
+    case 3: DecodeValues<3, kKv, kMayHide>(d, p, nk, v, v_row, dv, pf, scale, o); break;
+    case 2: DecodeValues<2, kKv, kMayHide>(d, p, nk, v, v_row, dv, pf, scale, o); break;
+    default: DecodeValues<1, kKv, kMayHide>(d, p, nk, v, v_row, dv, pf, scale, o); break;
+  }
+}
+
+// Score and weight options of the decode path: none.
+struct NoDecodeMods {
+  static constexpr bool kActive = false;
+  bool may_hide() const { return false; }
+  void Scores(int64_t /* row */, int64_t /* nk */, float* /* s */) const {}
+  void Weights(int64_t /* row */, int64_t /* nk */, float* /* p */) const {}
+};
 
 // One tile for `rows` rows (any count): scores, online softmax, values.
 // K/V rows below `prefetch_end` (counted from the tile's first; 0 for none)
 // are prefetched kPrefetchRows ahead, by the first group of rows only.
-template <int kKv, class D>
+// Mods (NoDecodeMods's interface) changes block row r's scores of the tile
+// before the softmax (Scores) and its weights after it (Weights); may_hide()
+// says whether some key of the tile may be hidden from a row.
+template <int kKv, class D, class Mods = NoDecodeMods>
 HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
                            int64_t dk, const KvElem<kKv>* HWY_RESTRICT k,
                            int64_t k_row, const KvElem<kKv>* HWY_RESTRICT v,
                            int64_t v_row, int64_t dv, int64_t nk,
                            int64_t prefetch_end, float* HWY_RESTRICT s,
                            float* HWY_RESTRICT m, float* HWY_RESTRICT l,
-                           float* HWY_RESTRICT o) {
+                           float* HWY_RESTRICT o, const Mods& mods = Mods()) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (int64_t r0 = 0; r0 < rows; r0 += 4) {
@@ -304,6 +394,7 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
     for (int64_t t = 0; t < n; ++t) {
       const int64_t r = r0 + t;
       float* HWY_RESTRICT sr = s + t * nk;
+      if constexpr (Mods::kActive) mods.Scores(r, nk, sr);
       auto vmax = hn::Set(d, neg_inf);
       auto vnan = hn::Zero(d);  // all-ones lanes where a score was NaN
       int64_t j = 0;
@@ -342,13 +433,13 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
       l[r] = l[r] * alpha + sum;
       m[r] = m_new;
       scale[t] = alpha;
+      if constexpr (Mods::kActive) mods.Weights(r, nk, sr);
     }
     float* orows = o + r0 * dv;
-    switch (n) {
-      case 4: DecodeValues<4, kKv>(d, s, nk, v, v_row, dv, pf, scale, orows); break;
-      case 3: DecodeValues<3, kKv>(d, s, nk, v, v_row, dv, pf, scale, orows); break;
-      case 2: DecodeValues<2, kKv>(d, s, nk, v, v_row, dv, pf, scale, orows); break;
-      default: DecodeValues<1, kKv>(d, s, nk, v, v_row, dv, pf, scale, orows); break;
+    if (mods.may_hide()) {
+      DecodeValuesRows<kKv, true>(d, n, s, nk, v, v_row, dv, pf, scale, orows);
+    } else {
+      DecodeValuesRows<kKv, false>(d, n, s, nk, v, v_row, dv, pf, scale, orows);
     }
   }
 }

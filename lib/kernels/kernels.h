@@ -60,8 +60,8 @@ struct AttentionArgsF32 {
   int64_t num_chunks;   // per block
   int64_t chunk_keys;
   float* partials;      // PartialFloats() floats when num_chunks > 1
-  // Lq = 1 with no score or weight options: the head-dim-vectorized decode
-  // micro-path (decode-inl.h) instead of the queries-along-lanes tiles.
+  // Lq = 1: the head-dim-vectorized decode micro-path (decode-inl.h, every
+  // option included) instead of the queries-along-lanes tiles.
   bool decode_path;
 };
 

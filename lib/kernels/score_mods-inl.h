@@ -464,6 +464,136 @@ HWY_INLINE void DropoutTile(D d, int cols, const AttentionArgsF32& a,
 #endif
 }
 
+// ---------------------------------------------------------------- rows
+// The same score and weight options for one row of scores with the keys
+// along the lanes (the decode path): x[j] is key kv_begin + j of one query.
+
+// s = cap * tanh(s / cap).
+template <class D>
+HWY_INLINE void SoftcapRow(D d, float cap, int64_t n, float* HWY_RESTRICT x) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto vcap = hn::Set(d, cap);
+  const auto inv = hn::Set(d, 1.0f / cap);
+  int64_t j = 0;
+  for (; j + N <= n; j += N) {
+    const auto s = hn::LoadU(d, x + j);
+    hn::StoreU(hn::Mul(vcap, hn::Tanh(d, hn::Mul(s, inv))), d, x + j);
+  }
+  if (j < n) {  // the tail through a vector too, so every key gets one tanh
+    HWY_ALIGN float tail[hn::MaxLanes(d)] = {};
+    std::copy(x + j, x + n, tail);
+    const auto s = hn::Load(d, tail);
+    hn::Store(hn::Mul(vcap, hn::Tanh(d, hn::Mul(s, inv))), d, tail);
+    std::copy(tail, tail + (n - j), x + j);
+  }
+}
+
+// s -= slope * |pos - j| for keys j = kv_begin + [0, n).
+template <class D>
+HWY_INLINE void AlibiRow(D d, float slope, float pos, int64_t kv_begin,
+                         int64_t n, float* HWY_RESTRICT x) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto vslope = hn::Set(d, slope);
+  const auto vpos = hn::Set(d, pos);
+  const auto step = hn::Set(d, static_cast<float>(N));
+  auto key = hn::Iota(d, static_cast<float>(kv_begin));
+  int64_t j = 0;
+  for (; j + N <= n; j += N, key = hn::Add(key, step)) {
+    hn::StoreU(hn::NegMulAdd(vslope, hn::Abs(hn::Sub(vpos, key)), hn::LoadU(d, x + j)),
+               d, x + j);
+  }
+  for (; j < n; ++j) {
+    x[j] -= slope * std::fabs(pos - static_cast<float>(kv_begin + j));
+  }
+}
+
+// s += bias, where a -inf bias hides the key even from a +inf or NaN score.
+template <class D>
+HWY_INLINE void BiasRow(D d, const float* HWY_RESTRICT bias, int64_t n,
+                        float* HWY_RESTRICT x) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const float neg_inf_s = -std::numeric_limits<float>::infinity();
+  const auto neg_inf = hn::Set(d, neg_inf_s);
+  int64_t j = 0;
+  for (; j + N <= n; j += N) {
+    const auto b = hn::LoadU(d, bias + j);
+    hn::StoreU(hn::IfThenElse(hn::Eq(b, neg_inf), neg_inf,
+                              hn::Add(hn::LoadU(d, x + j), b)),
+               d, x + j);
+  }
+  for (; j < n; ++j) x[j] = bias[j] == neg_inf_s ? neg_inf_s : x[j] + bias[j];
+}
+
+// Dropout on one row of weights of query i of head h (DropoutTile's rule:
+// kept weights / (1 - p), dropped ones -0.0, hidden +0.0 untouched). Lanes
+// are Philox counters here, one per group of 4 keys: each call gives 4 words
+// per lane, which StoreInterleaved4 lays out in key order. At most
+// kDropoutRowKeys keys per call.
+constexpr int64_t kDropoutRowKeys = 64;
+
+template <class D>
+HWY_INLINE void DropoutRow(D d, const AttentionArgsF32& a, int64_t b,
+                           int64_t h, int64_t i, int64_t kv_begin, int64_t n,
+                           float* HWY_RESTRICT x) {
+  const Philox4x32Key key = {{static_cast<uint32_t>(a.dropout_seed),
+                              static_cast<uint32_t>(a.dropout_seed >> 32)}};
+  const uint64_t threshold = static_cast<uint64_t>(
+      static_cast<double>(a.dropout_p) * 4294967296.0);
+  const float inv_keep = static_cast<float>(1.0 / (1.0 - a.dropout_p));
+  const int64_t group_first = kv_begin / 4;
+  const int64_t group_end = (kv_begin + n + 3) / 4;
+#if HWY_TARGET == HWY_SCALAR
+  (void)d;
+  for (int64_t g = group_first; g < group_end; ++g) {
+    const Philox4x32Counter counter = {
+        {static_cast<uint32_t>(g), static_cast<uint32_t>(i),
+         static_cast<uint32_t>(h), static_cast<uint32_t>(b)}};
+    const Philox4x32Counter draw = Philox4x32_10(counter, key);
+    for (int w = 0; w < 4; ++w) {
+      const int64_t j = 4 * g + w - kv_begin;
+      if (j < 0 || j >= n || x[j] == 0.0f) continue;  // hidden stays hidden
+      x[j] = static_cast<uint64_t>(draw.v[w]) >= threshold ? x[j] * inv_keep : -0.0f;
+    }
+  }
+#else
+  const hn::RebindToUnsigned<D> du;
+  const hn::RebindToSigned<D> di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  // Draws of keys 4 * group_first + [0, 4 * groups), in key order.
+  constexpr size_t kMaxDraws = 4 * (kDropoutRowKeys / 4 + 1) + 4 * hn::MaxLanes(du);
+  HWY_ALIGN uint32_t draws[kMaxDraws];
+  for (int64_t g = group_first; g < group_end; g += N) {
+    auto w0 = hn::Iota(du, static_cast<uint32_t>(g));
+    auto w1 = hn::Set(du, static_cast<uint32_t>(i));
+    auto w2 = hn::Set(du, static_cast<uint32_t>(h));
+    auto w3 = hn::Set(du, static_cast<uint32_t>(b));
+    PhiloxLanes(du, &w0, &w1, &w2, &w3, key);
+    hn::StoreInterleaved4(w0, w1, w2, w3, du, draws + 4 * (g - group_first));
+  }
+  const uint32_t* row = draws + (kv_begin - 4 * group_first);
+  // Unsigned draw >= threshold as a signed compare of both offset by 2^31.
+  const auto bias = hn::Set(du, 0x80000000u);
+  const auto limit = hn::BitCast(
+      di, hn::Xor(hn::Set(du, static_cast<uint32_t>(threshold)), bias));
+  const auto scale = hn::Set(d, inv_keep);
+  const auto zero = hn::Zero(d);
+  const auto minus_zero = hn::Set(d, -0.0f);
+  int64_t j = 0;
+  for (; j + N <= n; j += N) {
+    const auto draw = hn::LoadU(du, row + j);
+    const auto keep = hn::RebindMask(
+        d, hn::Not(hn::Lt(hn::BitCast(di, hn::Xor(draw, bias)), limit)));
+    const auto p = hn::LoadU(d, x + j);
+    const auto dropped = hn::IfThenElse(keep, hn::Mul(p, scale), minus_zero);
+    hn::StoreU(hn::IfThenElse(hn::Eq(p, zero), p, dropped), d, x + j);
+  }
+  for (; j < n; ++j) {
+    if (x[j] == 0.0f) continue;
+    x[j] = static_cast<uint64_t>(row[j]) >= threshold ? x[j] * inv_keep : -0.0f;
+  }
+#endif
+}
+
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
 }  // namespace simdattn
