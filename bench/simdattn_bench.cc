@@ -469,11 +469,13 @@ void SetDecodeCounters(benchmark::State& state, const Shape& s, double kv_bytes)
 }
 
 void BenchDecodeSimdattn(benchmark::State& state, const Shape& s, KvStore kv,
-                         int threads) {
+                         int threads, const Variant& var = Variant()) {
   DecodeCopies c = MakeDecodeCopies(s, kv, false);
   simdattn::ThreadPool pool(threads);
   simdattn::ExecutionOptions exec;
   exec.pool = &pool;
+  VariantData data;
+  const simdattn::AttentionOptions options = MakeOptions(s, var, &data);
   const simdattn::DType kv_type = kv == KvStore::kF32 ? simdattn::DType::kF32
                                   : kv == KvStore::kF16 ? simdattn::DType::kF16
                                                         : simdattn::DType::kBF16;
@@ -488,7 +490,7 @@ void BenchDecodeSimdattn(benchmark::State& state, const Shape& s, KvStore kv,
         simdattn::MakeBHSD(c.q[i].data(), simdattn::DType::kF32, s.batch, s.q_heads, s.q_len, s.head_dim),
         simdattn::MakeBHSD(k, kv_type, s.batch, s.kv_heads, s.kv_len, s.head_dim),
         simdattn::MakeBHSD(v, kv_type, s.batch, s.kv_heads, s.kv_len, s.head_dim),
-        o, {}, {}, exec, &info);
+        o, options, {}, exec, &info);
     if (!st.ok()) {
       state.SkipWithError(st.message.c_str());
       return;
@@ -611,6 +613,18 @@ class SummaryReporter : public benchmark::ConsoleReporter {
                     100.0 * (plain->second.flops / it->second.flops - 1.0));
       }
     }
+    const std::string dbase = "attention/simdattn/qf32kvf16/B1_Hq32_Hkv8_Lq1_Lk16384_D128/";
+    auto dplain = medians_.find(dbase + "none/threads:1");
+    if (dplain != medians_.end()) {
+      std::printf("\n%-40s %12s\n", "option (decode f16 KV Lk 16384, 1 thread)", "extra time");
+      for (const char* opt : {"softcap", "alibi", "sinks", "mask_bool", "mask_add",
+                              "kv_lengths", "dropout"}) {
+        auto it = medians_.find(dbase + opt + "/threads:1");
+        if (it == medians_.end() || it->second.bytes <= 0) continue;
+        std::printf("%-40s %11.0f%%\n", opt,
+                    100.0 * (dplain->second.bytes / it->second.bytes - 1.0));
+      }
+    }
     const std::string wbase = "attention/simdattn/f32/B1_Hq8_Hkv8_Lq8192_Lk8192_D128/";
     auto full = medians_.find(wbase + "causal/threads:1");
     auto win = medians_.find(wbase + "causal_window512/threads:1");
@@ -626,7 +640,10 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     std::printf("\n%-9s %-48s %9s %9s %9s\n", "impl", "decode (K+V read)",
                 "GB/s", "%read_bw", "vs oneDNN");
     for (const auto& [name, m] : medians_) {
-      if (name.rfind("attention/", 0) != 0 || name.find("_Lq1_") == std::string::npos) continue;
+      if (name.rfind("attention/", 0) != 0 || name.find("_Lq1_") == std::string::npos ||
+          name.find("/none/") == std::string::npos) {
+        continue;
+      }
       const size_t a = name.find('/') + 1, b = name.find('/', a);
       const std::string impl = name.substr(a, b - a);
       const size_t c = name.find('/', b + 1);
@@ -781,6 +798,7 @@ int main(int argc, char** argv) {
   }
   // The cost of each option (SEMANTICS.md) on top of plain attention with the
   // same visible pairs, and a 512-key sliding window against full causal.
+  // Decode (f16 KV cache, Lk 16384) gets the same options.
   {
     const Shape s{1, 8, 8, 2048, 2048, 128};
     std::vector<Variant> vars(7);
@@ -795,6 +813,16 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark(
           ("attention/simdattn/f32/" + s.Name() + "/" + var.name + "/threads:1").c_str(),
           [s, var](benchmark::State& st) { BenchSimdattn(st, s, var, 1); })
+          ->UseRealTime()->Unit(benchmark::kMillisecond);
+    }
+    const Shape dec{1, 32, 8, 1, 16384, 128};
+    for (const Variant& var : vars) {
+      benchmark::RegisterBenchmark(
+          (std::string("attention/simdattn/") + DecodeDtypeName(KvStore::kF16, false) +
+           "/" + dec.Name() + "/" + var.name + "/threads:1").c_str(),
+          [dec, var](benchmark::State& st) {
+            BenchDecodeSimdattn(st, dec, KvStore::kF16, 1, var);
+          })
           ->UseRealTime()->Unit(benchmark::kMillisecond);
     }
     const Shape w{1, 8, 8, 8192, 8192, 128};
