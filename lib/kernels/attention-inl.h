@@ -368,6 +368,7 @@ struct DecodeMods {
       if (row != mask->zeros) BiasRow(d, row, nk, x);
     }
   }
+  static_assert(kKeyTile <= kDropoutRowKeys, "DropoutRow takes one tile");
   void Weights(int64_t r, int64_t nk, float* HWY_RESTRICT p) const {
     const hn::ScalableTag<float> d;
     if (a->dropout_p > 0.0f) {

@@ -385,6 +385,45 @@ HWY_INLINE void PhiloxLanes(D32 d, hn::Vec<D32>* c0, hn::Vec<D32>* c1,
 }
 #endif
 
+// The keep rule of dropout, shared by the tile and row forms below: a weight
+// is kept when its 32-bit draw is >= threshold = p * 2^32, then divided by
+// 1 - p; a dropped one becomes -0.0; +0.0 (a hidden key) stays as it is.
+struct DropoutRule {
+  Philox4x32Key key;
+  uint64_t threshold;
+  float inv_keep;
+
+  explicit DropoutRule(const AttentionArgsF32& a)
+      : key{{static_cast<uint32_t>(a.dropout_seed),
+             static_cast<uint32_t>(a.dropout_seed >> 32)}},
+        threshold(static_cast<uint64_t>(static_cast<double>(a.dropout_p) * 4294967296.0)),
+        inv_keep(static_cast<float>(1.0 / (1.0 - a.dropout_p))) {}
+
+  float Apply(uint32_t draw, float p) const {
+    if (p == 0.0f) return p;
+    return static_cast<uint64_t>(draw) >= threshold ? p * inv_keep : -0.0f;
+  }
+};
+
+#if HWY_TARGET != HWY_SCALAR
+// DropoutRule::Apply on a vector of weights p with their draws.
+template <class D, class VU>
+HWY_INLINE hn::VFromD<D> DropoutLanes(D d, VU draw, hn::VFromD<D> p,
+                                      const DropoutRule& rule) {
+  const hn::RebindToUnsigned<D> du;
+  const hn::RebindToSigned<D> di;
+  // Unsigned draw >= threshold as a signed compare of both offset by 2^31.
+  const auto bias = hn::Set(du, 0x80000000u);
+  const auto limit = hn::BitCast(
+      di, hn::Xor(hn::Set(du, static_cast<uint32_t>(rule.threshold)), bias));
+  const auto keep = hn::RebindMask(
+      d, hn::Not(hn::Lt(hn::BitCast(di, hn::Xor(draw, bias)), limit)));
+  const auto dropped =
+      hn::IfThenElse(keep, hn::Mul(p, hn::Set(d, rule.inv_keep)), hn::Set(d, -0.0f));
+  return hn::IfThenElse(hn::Eq(p, hn::Zero(d)), p, dropped);
+}
+#endif
+
 // Dropout on the weights of a tile (after the softmax recurrence consumed
 // them, so l and LSE are unaffected): kept weights are divided by 1 - p,
 // dropped ones become -0.0. The sign tells the P·V guard (which skips +0.0,
@@ -398,11 +437,8 @@ template <class D>
 HWY_INLINE void DropoutTile(D d, int cols, const AttentionArgsF32& a,
                             int64_t b, const RowTable& rt, int64_t kv_begin,
                             int64_t num_keys, float* HWY_RESTRICT st) {
-  const Philox4x32Key key = {{static_cast<uint32_t>(a.dropout_seed),
-                              static_cast<uint32_t>(a.dropout_seed >> 32)}};
-  const uint64_t threshold = static_cast<uint64_t>(
-      static_cast<double>(a.dropout_p) * 4294967296.0);
-  const float inv_keep = static_cast<float>(1.0 / (1.0 - a.dropout_p));
+  const DropoutRule rule(a);
+  const Philox4x32Key key = rule.key;
   const size_t N = hn::Lanes(d);
   const size_t stride = cols * N;
 #if HWY_TARGET == HWY_SCALAR
@@ -418,9 +454,7 @@ HWY_INLINE void DropoutTile(D d, int cols, const AttentionArgsF32& a,
       const Philox4x32Counter draw = Philox4x32_10(counter, key);
       for (int64_t w = key_index % 4; w < 4 && j < num_keys; ++w, ++j) {
         float& p = st[j * stride + c];
-        if (p == 0.0f) continue;  // hidden (+0.0) stays hidden
-        p = static_cast<uint64_t>(draw.v[w]) >= threshold ? p * inv_keep
-                                                           : -0.0f;
+        p = rule.Apply(draw.v[w], p);
       }
     }
   }
@@ -428,13 +462,6 @@ HWY_INLINE void DropoutTile(D d, int cols, const AttentionArgsF32& a,
 #else
   const hn::RebindToUnsigned<D> du;
   const hn::RebindToSigned<D> di;
-  // Unsigned draw >= threshold as a signed compare of both offset by 2^31.
-  const auto bias = hn::Set(du, 0x80000000u);
-  const auto limit = hn::BitCast(
-      di, hn::Xor(hn::Set(du, static_cast<uint32_t>(threshold)), bias));
-  const auto scale = hn::Set(d, inv_keep);
-  const auto zero = hn::Zero(d);
-  const auto minus_zero = hn::Set(d, -0.0f);
   const int64_t group_first = kv_begin / 4;
   const int64_t group_last = (kv_begin + num_keys - 1) / 4;
   for (int c = 0; c < cols; ++c) {
@@ -452,12 +479,8 @@ HWY_INLINE void DropoutTile(D d, int cols, const AttentionArgsF32& a,
       for (int64_t j = j_first; j < j_end; ++j) {
         const int64_t word = (kv_begin + j) % 4;
         const auto draw = word == 0 ? w0 : word == 1 ? w1 : word == 2 ? w2 : w3;
-        const auto keep = hn::RebindMask(
-            d, hn::Not(hn::Lt(hn::BitCast(di, hn::Xor(draw, bias)), limit)));
         float* HWY_RESTRICT x = st + j * stride + c * N;
-        const auto p = hn::Load(d, x);
-        const auto dropped = hn::IfThenElse(keep, hn::Mul(p, scale), minus_zero);
-        hn::Store(hn::IfThenElse(hn::Eq(p, zero), p, dropped), d, x);
+        hn::Store(DropoutLanes(d, draw, hn::Load(d, x), rule), d, x);
       }
     }
   }
@@ -535,11 +558,8 @@ template <class D>
 HWY_INLINE void DropoutRow(D d, const AttentionArgsF32& a, int64_t b,
                            int64_t h, int64_t i, int64_t kv_begin, int64_t n,
                            float* HWY_RESTRICT x) {
-  const Philox4x32Key key = {{static_cast<uint32_t>(a.dropout_seed),
-                              static_cast<uint32_t>(a.dropout_seed >> 32)}};
-  const uint64_t threshold = static_cast<uint64_t>(
-      static_cast<double>(a.dropout_p) * 4294967296.0);
-  const float inv_keep = static_cast<float>(1.0 / (1.0 - a.dropout_p));
+  const DropoutRule rule(a);
+  const Philox4x32Key key = rule.key;
   const int64_t group_first = kv_begin / 4;
   const int64_t group_end = (kv_begin + n + 3) / 4;
 #if HWY_TARGET == HWY_SCALAR
@@ -551,13 +571,11 @@ HWY_INLINE void DropoutRow(D d, const AttentionArgsF32& a, int64_t b,
     const Philox4x32Counter draw = Philox4x32_10(counter, key);
     for (int w = 0; w < 4; ++w) {
       const int64_t j = 4 * g + w - kv_begin;
-      if (j < 0 || j >= n || x[j] == 0.0f) continue;  // hidden stays hidden
-      x[j] = static_cast<uint64_t>(draw.v[w]) >= threshold ? x[j] * inv_keep : -0.0f;
+      if (j >= 0 && j < n) x[j] = rule.Apply(draw.v[w], x[j]);
     }
   }
 #else
   const hn::RebindToUnsigned<D> du;
-  const hn::RebindToSigned<D> di;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   // Draws of keys 4 * group_first + [0, 4 * groups), in key order.
   constexpr size_t kMaxDraws = 4 * (kDropoutRowKeys / 4 + 1) + 4 * hn::MaxLanes(du);
@@ -571,26 +589,12 @@ HWY_INLINE void DropoutRow(D d, const AttentionArgsF32& a, int64_t b,
     hn::StoreInterleaved4(w0, w1, w2, w3, du, draws + 4 * (g - group_first));
   }
   const uint32_t* row = draws + (kv_begin - 4 * group_first);
-  // Unsigned draw >= threshold as a signed compare of both offset by 2^31.
-  const auto bias = hn::Set(du, 0x80000000u);
-  const auto limit = hn::BitCast(
-      di, hn::Xor(hn::Set(du, static_cast<uint32_t>(threshold)), bias));
-  const auto scale = hn::Set(d, inv_keep);
-  const auto zero = hn::Zero(d);
-  const auto minus_zero = hn::Set(d, -0.0f);
   int64_t j = 0;
   for (; j + N <= n; j += N) {
-    const auto draw = hn::LoadU(du, row + j);
-    const auto keep = hn::RebindMask(
-        d, hn::Not(hn::Lt(hn::BitCast(di, hn::Xor(draw, bias)), limit)));
-    const auto p = hn::LoadU(d, x + j);
-    const auto dropped = hn::IfThenElse(keep, hn::Mul(p, scale), minus_zero);
-    hn::StoreU(hn::IfThenElse(hn::Eq(p, zero), p, dropped), d, x + j);
+    hn::StoreU(DropoutLanes(d, hn::LoadU(du, row + j), hn::LoadU(d, x + j), rule),
+               d, x + j);
   }
-  for (; j < n; ++j) {
-    if (x[j] == 0.0f) continue;
-    x[j] = static_cast<uint64_t>(row[j]) >= threshold ? x[j] * inv_keep : -0.0f;
-  }
+  for (; j < n; ++j) x[j] = rule.Apply(row[j], x[j]);
 #endif
 }
 
