@@ -11,6 +11,7 @@
 
 #include "lib/dispatch.h"
 #include "lib/kernels/kernels.h"
+#include "lib/packing.h"
 #include "lib/parallel.h"
 #include "lib/validate.h"
 #include "simdattn/attention.h"
@@ -144,10 +145,25 @@ constexpr int64_t kDecodeMaxQueries = 16;
 // Keys per chunk of a split call (more when Lk needs over kMaxSplitChunks).
 constexpr int64_t kDecodeChunkKeys = 512;
 
+// Packed K/V of the groups in flight (see RunAttentionTasks), kept by the
+// calling thread.
+thread_local Scratch t_packed;
+// Groups per wave: as many as fit this many bytes of packed K/V, and at
+// least one per thread. A group above it alone is not packed.
+constexpr int64_t kPackedWaveBytes = int64_t{32} << 20;
+constexpr int64_t kPackedGroupMaxBytes = int64_t{256} << 20;
+// f32 K/V of a group below this size stay in a typical L2 while its blocks
+// run, and are read in place as fast as a packed copy: not packed. 16-bit
+// K/V are always packed (once per group instead of widened per block).
+constexpr int64_t kPackMinF32GroupBytes = int64_t{1} << 20;
+
+std::atomic<PackPolicy> g_pack_policy{PackPolicy::kAuto};
+
 struct PrefillJob {
   const AttentionArgsF32* args;
   const TargetKernels* kernels;
   size_t scratch_floats;
+  int64_t first_task = 0;  // of the current wave
   std::atomic<bool> out_of_memory{false};
 };
 
@@ -158,7 +174,56 @@ void RunPrefillTask(void* arg, int64_t task) {
     job->out_of_memory.store(true);
     return;
   }
-  job->kernels->attention_f32(*job->args, task, scratch);
+  job->kernels->attention_f32(*job->args, job->first_task + task, scratch);
+}
+
+void RunPackTask(void* arg, int64_t i) {
+  PrefillJob* job = static_cast<PrefillJob*>(arg);
+  float* scratch = t_scratch.Get(job->scratch_floats);
+  if (scratch == nullptr) {
+    job->out_of_memory.store(true);
+    return;
+  }
+  const AttentionArgsF32& a = *job->args;
+  job->kernels->pack_kv(a, a.packed_first_group + i,
+                        a.packed + i * PackedGroupFloats(a), scratch);
+}
+
+// Runs every attention task. With several query blocks per group, the
+// groups go in waves: each wave's K/V are first packed (one task per group)
+// into the layout the tiles read fastest, then its blocks run against the
+// packed copy. Packing copies values exactly, so results do not depend on
+// the waves (or the thread count).
+void RunAttentionTasks(const ExecutionOptions& exec, AttentionArgsF32* args,
+                       PrefillJob* job) {
+  const int64_t groups = args->batch * args->kv_heads;
+  const int64_t per_group = args->num_blocks * args->num_chunks;
+  const int64_t group_bytes = PackedGroupFloats(*args) * int64_t{sizeof(float)};
+  const PackPolicy policy = g_pack_policy.load(std::memory_order_relaxed);
+  const bool worth_it =
+      policy == PackPolicy::kAlways ||
+      (policy == PackPolicy::kAuto &&
+       (args->kv_type != 0 || group_bytes >= kPackMinF32GroupBytes));
+  int64_t wave = 0;
+  if (!args->decode_path && args->num_blocks >= 2 && worth_it &&
+      group_bytes > 0 && group_bytes <= kPackedGroupMaxBytes) {
+    wave = std::max<int64_t>(ExecutorThreads(exec), kPackedWaveBytes / group_bytes);
+    wave = std::min(wave, groups);
+    args->packed = t_packed.Get(static_cast<size_t>(wave * PackedGroupFloats(*args)));
+  }
+  if (args->packed == nullptr) {  // not worth it, or no memory for it
+    job->first_task = 0;
+    RunTasks(exec, groups * per_group, &RunPrefillTask, job);
+    return;
+  }
+  for (int64_t first = 0; first < groups && !job->out_of_memory.load(); first += wave) {
+    const int64_t n = std::min(wave, groups - first);
+    args->packed_first_group = first;
+    RunTasks(exec, n, &RunPackTask, job);
+    if (job->out_of_memory.load()) break;
+    job->first_task = first * per_group;
+    RunTasks(exec, n * per_group, &RunPrefillTask, job);
+  }
 }
 
 void RunCombineTask(void* arg, int64_t task) {
@@ -173,6 +238,10 @@ void CopyStrides3(const int64_t* strides, int64_t* out) {
 }
 
 }  // namespace
+
+void SetPackPolicy(PackPolicy policy) {
+  g_pack_policy.store(policy, std::memory_order_relaxed);
+}
 
 TensorView MakeBHSD(const void* data, DType dtype, int64_t b, int64_t h,
                     int64_t s, int64_t d) {
@@ -271,6 +340,8 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     args.num_chunks = 1;
     args.chunk_keys = p.kv_len;
     args.partials = nullptr;
+    args.packed = nullptr;
+    args.packed_first_group = 0;
     // Lq = 1: the decode micro-path (every option runs on it).
     args.decode_path = p.q_len == 1 && p.group <= args.block_rows;
     if (p.q_len <= kDecodeMaxQueries && p.kv_len > kDecodeChunkKeys) {
@@ -293,7 +364,7 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
       return oom;
     }
     const int64_t num_tasks = AttentionTaskCount(args);
-    RunTasks(exec, num_tasks, &RunPrefillTask, &job);
+    RunAttentionTasks(exec, &args, &job);
     if (!job.out_of_memory.load() && args.num_chunks > 1) {
       RunTasks(exec, CombineTaskCount(args), &RunCombineTask, &job);
     }

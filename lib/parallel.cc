@@ -146,4 +146,13 @@ void RunTasks(const ExecutionOptions& exec, int64_t num_tasks,
   }
 }
 
+int ExecutorThreads(const ExecutionOptions& exec) {
+  if (exec.parallel_for != nullptr) {
+    const int n = static_cast<int>(std::thread::hardware_concurrency());
+    return n > 0 ? n : 1;
+  }
+  return exec.pool != nullptr ? exec.pool->num_threads()
+                              : DefaultPool().num_threads();
+}
+
 }  // namespace simdattn

@@ -15,6 +15,10 @@ namespace simdattn {
 void RunTasks(const ExecutionOptions& exec, int64_t num_tasks,
               void (*task)(void* arg, int64_t i), void* arg);
 
+// How many threads the executor runs tasks on: the pool's count, or the
+// hardware's for a host parallel-for (which does not say).
+int ExecutorThreads(const ExecutionOptions& exec);
+
 }  // namespace simdattn
 
 #endif  // SIMDATTN_LIB_PARALLEL_H_

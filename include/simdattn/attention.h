@@ -169,7 +169,9 @@ class SIMDATTN_API ThreadPool {
 
 // A host engine's own parallel-for: must run task(task_arg, i) exactly once
 // for every i in [0, num_tasks), on any threads, in any order, and return
-// when all are done. `user` is passed through unchanged.
+// when all are done. `user` is passed through unchanged. One Attention() call
+// may invoke it several times in sequence (a prefill packs K/V in one round,
+// then computes against them in the next).
 using ParallelForFn = void (*)(void* user, int64_t num_tasks,
                                void (*task)(void* task_arg, int64_t i),
                                void* task_arg);
@@ -177,8 +179,11 @@ using ParallelForFn = void (*)(void* user, int64_t num_tasks,
 // How a call runs. Priority: parallel_for, then pool, then a process-wide
 // default pool with hardware_concurrency() threads, created on first use.
 // Every thread that runs a task keeps a scratch buffer (a few hundred KiB,
-// sized for the largest head dimension it has seen) for its lifetime, so that
-// steady-state calls allocate nothing.
+// sized for the largest head dimension it has seen) for its lifetime, and
+// every calling thread a buffer for the packed K/V of the (batch, KV head)
+// groups in flight (prefill: about 32 MiB, or one group's Lk x (Dk + Dv)
+// floats when that is more, up to 256 MiB per group), so that steady-state
+// calls allocate nothing.
 struct ExecutionOptions {
   ThreadPool* pool = nullptr;
   ParallelForFn parallel_for = nullptr;

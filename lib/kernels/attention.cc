@@ -28,9 +28,15 @@ void CombineTaskF32(const AttentionArgsF32& args, int64_t task) {
   CombineTaskF32Impl(args, task);
 }
 
+void PackKv(const AttentionArgsF32& args, int64_t group, float* dst,
+            float* scratch) {
+  PackKvImpl(args, group, dst, scratch);
+}
+
 const TargetKernels* GetTargetKernels() {
   static const TargetKernels kKernels = {&QueryBlockRows, &ScratchFloats,
-                                         &AttentionTaskF32, &CombineTaskF32};
+                                         &AttentionTaskF32, &CombineTaskF32,
+                                         &PackKv};
   return &kKernels;
 }
 

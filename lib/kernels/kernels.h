@@ -63,7 +63,23 @@ struct AttentionArgsF32 {
   // Lq = 1: the head-dim-vectorized decode micro-path (decode-inl.h, every
   // option included) instead of the queries-along-lanes tiles.
   bool decode_path;
+  // Packed K/V (prefill with several blocks per group): when not null, the
+  // driver has run pack_kv for groups [packed_first_group, ...) and group g
+  // of them is at packed + (g - packed_first_group) * PackedGroupFloats();
+  // the tiles then read it instead of K/V's storage. Null: tile by tile from
+  // storage.
+  float* packed;
+  int64_t packed_first_group;
 };
+
+// Packed K/V of one (batch, KV head) group: K's kv_len x Dk floats, then
+// V's kv_len x Dv, each region rounded up to 64 floats (256 bytes).
+inline int64_t PackedKFloats(const AttentionArgsF32& a) {
+  return (a.kv_len * a.head_dim_qk + 63) / 64 * 64;
+}
+inline int64_t PackedGroupFloats(const AttentionArgsF32& a) {
+  return PackedKFloats(a) + (a.kv_len * a.head_dim_v + 63) / 64 * 64;
+}
 
 // What one target offers. Every function is sequential: the driver splits
 // work into tasks and hands them to threads.
@@ -81,6 +97,11 @@ struct TargetKernels {
   // Split calls only: merges the chunks of block `task` (of
   // CombineTaskCount()) exactly through their log-sum-exp and writes O/LSE.
   void (*combine_f32)(const AttentionArgsF32& args, int64_t task);
+  // Packs the K/V of group `group` (b * kv_heads + hkv) into `dst`
+  // (PackedGroupFloats() floats, 256-byte aligned) in the layout the tiles
+  // read when args.packed is set. scratch as for attention_f32.
+  void (*pack_kv)(const AttentionArgsF32& args, int64_t group, float* dst,
+                  float* scratch);
 };
 
 // Kernels compiled for the Highway target `target_bit` (one bit of

@@ -157,6 +157,51 @@ HWY_INLINE void TileGemmRows(D d, int cols, int64_t rows,
   }
 }
 
+// TileGemmRows over a packed broadcast operand (K and V as PackKvImpl lays
+// them out): rows come in groups of kTileRows, group k at b + k * b_group,
+// stored [t][kTileRows] so that the reduction reads it sequentially; the
+// rows after the last full group (rows % kTileRows of them) are stored
+// [t][rem] at b_tail.
+template <int kCols, bool kAccumulate, bool kGuard, class D>
+HWY_INLINE void TileGemmPackedRowsCols(D d, int64_t rows,
+                                       const float* HWY_RESTRICT b,
+                                       int64_t b_group,
+                                       const float* HWY_RESTRICT b_tail,
+                                       const float* HWY_RESTRICT a, int64_t a_t,
+                                       int64_t n,
+                                       const float* HWY_RESTRICT scale,
+                                       float* HWY_RESTRICT out,
+                                       int64_t out_row) {
+  int64_t r = 0;
+  for (; r + kTileRows <= rows; r += kTileRows, b += b_group) {
+    TileGemm<kTileRows, kCols, kAccumulate, kGuard>(d, b, 1, kTileRows, a, a_t,
+                                                    n, scale, out + r * out_row,
+                                                    out_row);
+  }
+  const int64_t rem = rows - r;
+  for (int64_t i = 0; i < rem; ++i) {
+    TileGemm<1, kCols, kAccumulate, kGuard>(d, b_tail + i, 1, rem, a, a_t, n,
+                                            scale, out + (r + i) * out_row,
+                                            out_row);
+  }
+}
+
+template <bool kAccumulate, bool kGuard, class D>
+HWY_INLINE void TileGemmPackedRows(D d, int cols, int64_t rows,
+                                   const float* HWY_RESTRICT b, int64_t b_group,
+                                   const float* HWY_RESTRICT b_tail,
+                                   const float* HWY_RESTRICT a, int64_t a_t,
+                                   int64_t n, const float* HWY_RESTRICT scale,
+                                   float* HWY_RESTRICT out, int64_t out_row) {
+  if (cols == 1) {
+    TileGemmPackedRowsCols<1, kAccumulate, kGuard>(
+        d, rows, b, b_group, b_tail, a, a_t, n, scale, out, out_row);
+  } else {
+    TileGemmPackedRowsCols<2, kAccumulate, kGuard>(
+        d, rows, b, b_group, b_tail, a, a_t, n, scale, out, out_row);
+  }
+}
+
 #if HWY_TARGET != HWY_SCALAR
 // In-register transpose of a 4x4 block of floats (4-lane vectors): row t of
 // the result is column t of the input. Used to move data between the
