@@ -684,6 +684,27 @@ TEST(VariantTest, KvLengthsPerBatch) {
   }
 }
 
+// Softcap's two forms of tanh meet at |s / cap| = 0.625: caps from 0.05
+// (nearly every score far past it, many saturated) to 1000 (all inside),
+// logits up to about +-40, prefill and decode.
+TEST(VariantTest, SoftcapAcrossItsRange) {
+  int n = 0;
+  for (float cap : {0.05f, 0.5f, 4.0f, 30.0f, 1000.0f}) {
+    for (int64_t q_len : {int64_t{1}, int64_t{45}}) {
+      Case c;
+      c.q_heads = 4;
+      c.kv_heads = 2;
+      c.q_len = q_len;
+      c.kv_len = 77;
+      c.dk = 32;
+      c.dv = 16;
+      c.options.softcap = cap;
+      c.options.scale = 1.0f;
+      CheckAllTargets(c, MakeInputs(c, 2050 + n++, -1.1f, 1.1f));
+    }
+  }
+}
+
 TEST(VariantTest, SlidingWindows) {
   struct W {
     int64_t left, right;

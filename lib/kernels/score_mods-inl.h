@@ -16,10 +16,10 @@
 #include <limits>
 
 #include "hwy/cache_control.h"
-#include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "lib/dtype.h"
 #include "lib/kernels/convert-inl.h"
+#include "lib/kernels/exp-inl.h"
 #include "lib/kernels/kernels.h"
 #include "lib/philox.h"
 #include "lib/kernels/tile_gemm-inl.h"
@@ -49,6 +49,34 @@ struct RowTable {
 // kv_begin + j in row j) and `cols` vectors of queries (lane r is the row
 // table's query r), row stride cols * N.
 
+// cap * tanh(s / cap) for one vector (Gemma 2), with inv = 1 / cap.
+// |y| < 0.625 (y = s / cap): the odd polynomial y + y^3 P(y^2) with the
+// Cephes tanhf coefficients, about 1 ulp. Larger |y|: (1 - e) / (1 + e)
+// with e = exp(-2|y|) <= 0.29, so 1 - e has no cancellation; that second
+// form runs only for vectors holding such a |y|. Against hn::Tanh (expm1
+// and a division for every vector) this is about 3x fewer operations
+// where logits stay within 0.625 cap. NaN stays NaN; +-Inf gives +-cap.
+template <class D, class V = hn::VFromD<D>>
+HWY_INLINE V Softcap(D d, V s, V vcap, V inv) {
+  const V y = hn::Mul(s, inv);
+  const V y2 = hn::Mul(y, y);
+  V p = hn::Set(d, -5.70498872745e-3f);
+  p = hn::MulAdd(p, y2, hn::Set(d, 2.06390887954e-2f));
+  p = hn::MulAdd(p, y2, hn::Set(d, -5.37397155531e-2f));
+  p = hn::MulAdd(p, y2, hn::Set(d, 1.33314422036e-1f));
+  p = hn::MulAdd(p, y2, hn::Set(d, -3.33332819422e-1f));
+  V t = hn::MulAdd(hn::Mul(p, y2), y, y);
+  const V ay = hn::Abs(y);
+  const auto big = hn::Ge(ay, hn::Set(d, 0.625f));
+  if (HWY_UNLIKELY(!hn::AllFalse(d, big))) {
+    const V e = ExpNonPositive(d, hn::Mul(ay, hn::Set(d, -2.0f)));
+    const V one = hn::Set(d, 1.0f);
+    const V q = hn::Div(hn::Sub(one, e), hn::Add(one, e));
+    t = hn::IfThenElse(big, hn::CopySign(q, y), t);
+  }
+  return hn::Mul(vcap, t);
+}
+
 // s = cap * tanh(s / cap) (Gemma 2).
 template <class D>
 HWY_INLINE void SoftcapTile(D d, int cols, float cap, int64_t num_keys,
@@ -57,8 +85,7 @@ HWY_INLINE void SoftcapTile(D d, int cols, float cap, int64_t num_keys,
   const auto vcap = hn::Set(d, cap);
   const auto inv = hn::Set(d, 1.0f / cap);
   for (size_t i = 0; i < n; i += hn::Lanes(d)) {
-    const auto s = hn::Load(d, st + i);
-    hn::Store(hn::Mul(vcap, hn::Tanh(d, hn::Mul(s, inv))), d, st + i);
+    hn::Store(Softcap(d, hn::Load(d, st + i), vcap, inv), d, st + i);
   }
 }
 
@@ -499,14 +526,12 @@ HWY_INLINE void SoftcapRow(D d, float cap, int64_t n, float* HWY_RESTRICT x) {
   const auto inv = hn::Set(d, 1.0f / cap);
   int64_t j = 0;
   for (; j + N <= n; j += N) {
-    const auto s = hn::LoadU(d, x + j);
-    hn::StoreU(hn::Mul(vcap, hn::Tanh(d, hn::Mul(s, inv))), d, x + j);
+    hn::StoreU(Softcap(d, hn::LoadU(d, x + j), vcap, inv), d, x + j);
   }
   if (j < n) {  // the tail through a vector too, so every key gets one tanh
     HWY_ALIGN float tail[hn::MaxLanes(d)] = {};
     std::copy(x + j, x + n, tail);
-    const auto s = hn::Load(d, tail);
-    hn::Store(hn::Mul(vcap, hn::Tanh(d, hn::Mul(s, inv))), d, tail);
+    hn::Store(Softcap(d, hn::Load(d, tail), vcap, inv), d, tail);
     std::copy(tail, tail + (n - j), x + j);
   }
 }
