@@ -152,10 +152,19 @@ thread_local Scratch t_packed;
 // least one per thread. A group above it alone is not packed.
 constexpr int64_t kPackedWaveBytes = int64_t{32} << 20;
 constexpr int64_t kPackedGroupMaxBytes = int64_t{256} << 20;
-// f32 K/V of a group below this size stay in a typical L2 while its blocks
-// run, and are read in place as fast as a packed copy: not packed. 16-bit
-// K/V are always packed (once per group instead of widened per block).
-constexpr int64_t kPackMinF32GroupBytes = int64_t{1} << 20;
+// f32 K/V that one query block reads (all of the group's, or a window's
+// span of them) below this size stay in a typical L2 while the group's
+// blocks run, and are read in place as fast as a packed copy: not packed.
+// 16-bit K/V are always packed (once per group instead of widened per
+// block).
+constexpr int64_t kPackMinF32BlockBytes = int64_t{1} << 20;
+
+// Keys one query block can see: all of them, or a window's span.
+int64_t BlockKeySpan(const AttentionArgsF32& a) {
+  const int64_t right = a.causal ? 0 : a.window_right;
+  if (a.window_left < 0 || right < 0) return a.kv_len;
+  return std::min(a.kv_len, a.window_left + right + a.block_rows);
+}
 
 std::atomic<PackPolicy> g_pack_policy{PackPolicy::kAuto};
 
@@ -203,7 +212,9 @@ void RunAttentionTasks(const ExecutionOptions& exec, AttentionArgsF32* args,
   const bool worth_it =
       policy == PackPolicy::kAlways ||
       (policy == PackPolicy::kAuto &&
-       (args->kv_type != 0 || group_bytes >= kPackMinF32GroupBytes));
+       (args->kv_type != 0 ||
+        BlockKeySpan(*args) * (args->head_dim_qk + args->head_dim_v) *
+                int64_t{sizeof(float)} >= kPackMinF32BlockBytes));
   int64_t wave = 0;
   if (!args->decode_path && args->num_blocks >= 2 && worth_it &&
       group_bytes > 0 && group_bytes <= kPackedGroupMaxBytes) {

@@ -8,7 +8,8 @@
 namespace simdattn {
 
 enum class PackPolicy {
-  kAuto,    // pack when it pays (16-bit K/V, or f32 groups of 1 MiB or more)
+  kAuto,    // pack when it pays (16-bit K/V, or f32 blocks that read 1 MiB
+            // or more of them)
   kAlways,  // pack every prefill call with several query blocks per group
   kNever,   // always read K/V in place
 };
