@@ -8,6 +8,7 @@
 #include <limits>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "lib/dispatch.h"
 #include "lib/kernels/kernels.h"
@@ -140,6 +141,31 @@ thread_local Scratch t_scratch;
 // Partial results of split calls, kept by the calling thread.
 thread_local Scratch t_partials;
 
+// A calling thread's buffer, taken out of its thread_local slot for the
+// length of one call. A host parallel-for that runs other work on the
+// calling thread while our tasks are pending (as work-stealing runtimes
+// do) may start another call there: that call then finds the slot empty
+// and uses a buffer of its own, instead of reusing or freeing the one our
+// tasks still read. The larger buffer goes back to the slot.
+class ScratchLease {
+ public:
+  explicit ScratchLease(Scratch* slot) : slot_(slot) { Swap(&own_, slot_); }
+  ~ScratchLease() {
+    if (own_.floats >= slot_->floats) Swap(&own_, slot_);
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  float* Get(size_t n) { return own_.Get(n); }
+
+ private:
+  static void Swap(Scratch* a, Scratch* b) {
+    std::swap(a->data, b->data);
+    std::swap(a->floats, b->floats);
+  }
+  Scratch* slot_;
+  Scratch own_;
+};
+
 // Decode: calls with at most this many queries per head split the keys.
 constexpr int64_t kDecodeMaxQueries = 16;
 // Keys per chunk of a split call (more when Lk needs over kMaxSplitChunks).
@@ -204,7 +230,7 @@ void RunPackTask(void* arg, int64_t i) {
 // packed copy. Packing copies values exactly, so results do not depend on
 // the waves (or the thread count).
 void RunAttentionTasks(const ExecutionOptions& exec, AttentionArgsF32* args,
-                       PrefillJob* job) {
+                       PrefillJob* job, ScratchLease* packed) {
   const int64_t groups = args->batch * args->kv_heads;
   const int64_t per_group = args->num_blocks * args->num_chunks;
   const int64_t group_bytes = PackedGroupFloats(*args) * int64_t{sizeof(float)};
@@ -220,7 +246,7 @@ void RunAttentionTasks(const ExecutionOptions& exec, AttentionArgsF32* args,
       group_bytes > 0 && group_bytes <= kPackedGroupMaxBytes) {
     wave = std::max<int64_t>(ExecutorThreads(exec), kPackedWaveBytes / group_bytes);
     wave = std::min(wave, groups);
-    args->packed = t_packed.Get(static_cast<size_t>(wave * PackedGroupFloats(*args)));
+    args->packed = packed->Get(static_cast<size_t>(wave * PackedGroupFloats(*args)));
   }
   if (args->packed == nullptr) {  // not worth it, or no memory for it
     job->first_task = 0;
@@ -361,6 +387,8 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
       args.num_chunks = (p.kv_len + args.chunk_keys - 1) / args.chunk_keys;
     }
 
+    ScratchLease partials(&t_partials);
+    ScratchLease packed(&t_packed);
     PrefillJob job;
     job.args = &args;
     job.kernels = &kernels;
@@ -368,14 +396,14 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     // The calling thread's buffers first: a failure here writes nothing.
     if (t_scratch.Get(job.scratch_floats) == nullptr ||
         (args.num_chunks > 1 &&
-         (args.partials = t_partials.Get(static_cast<size_t>(PartialFloats(args)))) == nullptr)) {
+         (args.partials = partials.Get(static_cast<size_t>(PartialFloats(args)))) == nullptr)) {
       Status oom;
       oom.code = StatusCode::kInternal;
       oom.message = "out of memory allocating per-thread scratch";
       return oom;
     }
     const int64_t num_tasks = AttentionTaskCount(args);
-    RunAttentionTasks(exec, &args, &job);
+    RunAttentionTasks(exec, &args, &job, &packed);
     if (!job.out_of_memory.load() && args.num_chunks > 1) {
       RunTasks(exec, CombineTaskCount(args), &RunCombineTask, &job);
     }

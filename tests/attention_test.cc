@@ -524,6 +524,67 @@ void ReverseParallelFor(void* user, int64_t num_tasks,
   t.join();
 }
 
+// A host parallel-for that, like a work-stealing runtime, runs unrelated
+// work on the calling thread while a call's tasks are pending: here, once
+// per round of tasks, another Attention() call of the same shape with other
+// inputs, before running the round's tasks itself.
+struct StealingHost {
+  const Case* c;
+  const Inputs* other;
+  Tensor* other_o;
+  int nested = 0;
+  bool nested_ok = true;
+};
+
+void StealingParallelFor(void* user, int64_t num_tasks,
+                         void (*task)(void*, int64_t), void* arg) {
+  StealingHost* h = static_cast<StealingHost*>(user);
+  if (h->nested < 4) {
+    ++h->nested;
+    ThreadPool inline_pool(1);
+    ExecutionOptions exec;
+    exec.pool = &inline_pool;
+    h->nested_ok &= Attention(h->other->q.View(), h->other->k.View(),
+                              h->other->v.View(), h->other_o->MutableView(),
+                              h->c->options, {}, exec)
+                        .ok();
+  }
+  for (int64_t i = 0; i < num_tasks; ++i) task(arg, i);
+}
+
+// The calling thread's buffers (packed K/V, split partials) belong to one
+// call at a time: a call nested on that thread gets its own.
+TEST(AttentionTest, CallNestedOnTheCallingThreadKeepsItsOwnBuffers) {
+  for (int64_t q_len : {int64_t{1}, int64_t{70}}) {  // split decode, prefill
+    Case c;
+    c.q_heads = 4;
+    c.kv_heads = 2;
+    c.q_len = q_len;
+    c.kv_len = 1500;
+    c.dk = 16;
+    c.dv = 16;
+    c.kv_dtype = DType::kF16;
+    const Inputs in = MakeInputs(c, 1180), other = MakeInputs(c, 1181);
+    std::vector<double> ref, other_ref;
+    ASSERT_TRUE(ReferenceAttention(in.q.View(), in.k.View(), in.v.View(),
+                                   c.options, &ref, nullptr).ok());
+    ASSERT_TRUE(ReferenceAttention(other.q.View(), other.k.View(), other.v.View(),
+                                   c.options, &other_ref, nullptr).ok());
+    Tensor o(DType::kF32, 1, 4, q_len, 16), other_o(DType::kF32, 1, 4, q_len, 16);
+    StealingHost host{&c, &other, &other_o};
+    ExecutionOptions exec;
+    exec.parallel_for = &StealingParallelFor;
+    exec.parallel_for_user = &host;
+    ScopedPackPolicy policy(PackPolicy::kAlways);
+    ASSERT_TRUE(Attention(in.q.View(), in.k.View(), in.v.View(), o.MutableView(),
+                          c.options, {}, exec).ok());
+    EXPECT_GE(host.nested, 2);  // a nested call in each round of tasks
+    EXPECT_TRUE(host.nested_ok);
+    EXPECT_LE(MaxError(o, ref, MaxAbs(in.v)), OutputBound(DType::kF16));
+    EXPECT_LE(MaxError(other_o, other_ref, MaxAbs(other.v)), OutputBound(DType::kF16));
+  }
+}
+
 TEST(AttentionTest, BitIdenticalForAnyThreadCount) {
   Case c;
   c.batch = 2;
