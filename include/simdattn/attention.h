@@ -181,9 +181,9 @@ using ParallelForFn = void (*)(void* user, int64_t num_tasks,
 // Every thread that runs a task keeps a scratch buffer (a few hundred KiB,
 // sized for the largest head dimension it has seen) for its lifetime, and
 // every calling thread a buffer for the packed K/V of the (batch, KV head)
-// groups in flight (prefill: about 32 MiB, or one group's Lk x (Dk + Dv)
-// floats when that is more, up to 256 MiB per group), so that steady-state
-// calls allocate nothing.
+// groups in flight (prefill: about 32 MiB, but at least one group's
+// Lk x (Dk + Dv) floats per thread; groups above 256 MiB are not packed), so
+// that steady-state calls allocate nothing.
 struct ExecutionOptions {
   ThreadPool* pool = nullptr;
   ParallelForFn parallel_for = nullptr;
