@@ -57,6 +57,32 @@ inline Philox4x32Counter Philox4x32_10(Philox4x32Counter counter,
   return counter;
 }
 
+// Dropout draws (SEMANTICS.md's keep(b, h, i, j)). One Philox4x32-10 call
+// gives the 16-bit draws of 8 consecutive keys of one (b, h, i): counter
+// (j / 8, i, h, b), key (seed low, seed high), word (j % 8) / 2, its low half
+// for even j and its high half for odd j. A key is kept when its draw is
+// >= DropoutThreshold(p) = floor(p * 2^16), so the keep probability is
+// 1 - floor(p * 2^16) / 2^16, within 2^-16 of 1 - p. Sixteen bits per key
+// halve the generator's cost against one word per key.
+constexpr int64_t kDropoutKeysPerCall = 8;
+
+inline uint32_t DropoutThreshold(float p) {
+  // p < 1, so the threshold is at most 65535; p = 0 gives 0: every key kept.
+  return static_cast<uint32_t>(static_cast<double>(p) * 65536.0);
+}
+
+inline Philox4x32Counter DropoutCounter(int64_t b, int64_t h, int64_t i,
+                                        int64_t j_group) {
+  return {{static_cast<uint32_t>(j_group), static_cast<uint32_t>(i),
+           static_cast<uint32_t>(h), static_cast<uint32_t>(b)}};
+}
+
+// The draw of key j from its group's Philox output.
+inline uint32_t DropoutDraw(const Philox4x32Counter& out, int64_t j) {
+  const int64_t k = j % kDropoutKeysPerCall;
+  return (out.v[k / 2] >> (16 * (k % 2))) & 0xFFFFu;
+}
+
 }  // namespace simdattn
 
 #endif  // SIMDATTN_LIB_PHILOX_H_

@@ -174,14 +174,9 @@ bool DropoutKeep(uint64_t seed, float p, int64_t b, int64_t h, int64_t i,
                  int64_t j) {
   const Philox4x32Key key = {{static_cast<uint32_t>(seed),
                               static_cast<uint32_t>(seed >> 32)}};
-  const Philox4x32Counter counter = {
-      {static_cast<uint32_t>(j / 4), static_cast<uint32_t>(i),
-       static_cast<uint32_t>(h), static_cast<uint32_t>(b)}};
-  const Philox4x32Counter r = Philox4x32_10(counter, key);
-  // p < 1, so the threshold is below 2^32; p = 0 gives 0 and keeps every key.
-  const uint64_t threshold =
-      static_cast<uint64_t>(static_cast<double>(p) * 4294967296.0);
-  return static_cast<uint64_t>(r.v[j % 4]) >= threshold;
+  const Philox4x32Counter out =
+      Philox4x32_10(DropoutCounter(b, h, i, j / kDropoutKeysPerCall), key);
+  return DropoutDraw(out, j) >= DropoutThreshold(p);
 }
 
 Status ReferenceAttention(const TensorView& q, const TensorView& k,

@@ -22,7 +22,8 @@ SIMDATTN_API Status ReferenceAttention(const TensorView& q, const TensorView& k,
                                        std::vector<double>* lse);
 
 // The dropout keep decision of SEMANTICS.md: Philox4x32-10 keyed by the seed,
-// counter (j / 4, i, h, b), word j % 4; kept when word >= p * 2^32.
+// counter (j / 8, i, h, b), 16-bit half j % 8 of the output (lib/philox.h);
+// kept when that draw >= floor(p * 2^16).
 SIMDATTN_API bool DropoutKeep(uint64_t seed, float p, int64_t b, int64_t h,
                               int64_t i, int64_t j);
 

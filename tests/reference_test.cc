@@ -152,42 +152,36 @@ TEST(PhiloxTest, KnownAnswerPi) {
                0x299f31d0, Ctr(0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1));
 }
 
-// DropoutKeep's contract: key (seed low, seed high), counter (j/4, i, h, b),
-// word j % 4, kept when word >= floor(p * 2^32).
+// DropoutKeep's contract: key (seed low, seed high), counter (j/8, i, h, b),
+// 16-bit draw j % 8 of the output (word (j % 8) / 2, low half first), kept
+// when draw >= floor(p * 2^16).
 TEST(DropoutKeepTest, UsesDocumentedCounterKeyAndThreshold) {
   const uint64_t seed = 0x0123456789abcdefull;
-  for (int64_t j = 0; j < 9; ++j) {
-    const int64_t b = 3, h = 5, i = 7;
-    const uint32_t word =
-        Philox4x32_10(Ctr(static_cast<uint32_t>(j / 4), 7, 5, 3),
-                      Philox4x32Key{{0x89abcdefu, 0x01234567u}})
-            .v[j % 4];
-    // A p whose threshold lands just at or just above this word.
-    const double exact = static_cast<double>(word) / 4294967296.0;
-    const float p_at = static_cast<float>(exact);
-    const uint64_t threshold =
-        static_cast<uint64_t>(static_cast<double>(p_at) * 4294967296.0);
-    if (p_at < 1.0f) {
-      EXPECT_EQ(DropoutKeep(seed, p_at, b, h, i, j), word >= threshold) << j;
+  const int64_t b = 3, h = 5, i = 7;
+  for (int64_t j = 0; j < 20; ++j) {
+    const Philox4x32Counter out =
+        Philox4x32_10(Ctr(static_cast<uint32_t>(j / 8), 7, 5, 3),
+                      Philox4x32Key{{0x89abcdefu, 0x01234567u}});
+    const uint32_t word = out.v[(j % 8) / 2];
+    const uint32_t draw = j % 2 == 0 ? word & 0xFFFFu : word >> 16;
+    // p = draw / 2^16 (exact in float) has threshold draw: kept.
+    const float p_at = static_cast<float>(draw) / 65536.0f;
+    EXPECT_TRUE(DropoutKeep(seed, p_at, b, h, i, j)) << j;
+    // One step of 2^-16 more drops it; any p just below keeps it.
+    if (draw < 65535) {
+      EXPECT_FALSE(DropoutKeep(seed, static_cast<float>(draw + 1) / 65536.0f, b, h, i, j)) << j;
     }
-    const float p_above = std::nextafter(p_at, 1.0f);
-    if (p_above < 1.0f && static_cast<double>(p_above) * 4294967296.0 >
-                              static_cast<double>(word) + 1.0) {
-      EXPECT_FALSE(DropoutKeep(seed, p_above, b, h, i, j)) << j;
-    }
-    const float p_below = std::nextafter(p_at, 0.0f);
-    if (static_cast<double>(p_below) * 4294967296.0 <= static_cast<double>(word)) {
-      EXPECT_TRUE(DropoutKeep(seed, p_below, b, h, i, j)) << j;
+    if (draw > 0) {
+      EXPECT_TRUE(DropoutKeep(seed, std::nextafter(static_cast<float>(draw + 1) / 65536.0f, 0.0f),
+                              b, h, i, j)) << j;
+      EXPECT_TRUE(DropoutKeep(seed, std::nextafter(p_at, 0.0f), b, h, i, j)) << j;
     }
     EXPECT_TRUE(DropoutKeep(seed, 0.0f, b, h, i, j)) << "p = 0 keeps all";
   }
+  // The largest p below 1 still keeps draws of 65535.
+  EXPECT_EQ(DropoutThreshold(std::nextafter(1.0f, 0.0f)), 65535u);
 }
 
-// ---------------------------------------------------------------- Basics
-
-// Logits 0 and ln 3 give weights 1/4 and 3/4; over V = [2, 0], [0, 4] the
-// output is [0.5, 3]. ln 3 is stored as f32, so the exact weights use the
-// stored value: w1 = e^k / (1 + e^k).
 TEST(ReferenceTest, WorkedExample) {
   const std::vector<float> q = {1.0f};
   const std::vector<float> k = {0.0f, std::log(3.0f)};
@@ -747,8 +741,8 @@ TEST(ReferenceTest, DropoutSeedDeterministicAndSensitive) {
   EXPECT_GT(diff_d, 300);
 }
 
-// Keep decisions along j differ between counter blocks (j / 4) and words
-// (j % 4); along i, h and b they vary too (no accidental correlation).
+// Keep decisions along j differ between counter blocks (j / 8), words and
+// their halves; along i, h and b they vary too (no accidental correlation).
 TEST(DropoutKeepTest, VariesWithEveryIndex) {
   const uint64_t seed = 99;
   const float p = 0.5f;

@@ -131,7 +131,8 @@ struct AttentionOptions {
   // nullptr = all Lk keys valid.
   const int64_t* kv_lengths = nullptr;
   // Dropout on the normalized weights, p in [0, 1); the keep mask is a
-  // Philox4x32-10 function of (seed, b, h, i, j). 0 = off.
+  // Philox4x32-10 function of (seed, b, h, i, j), 16 random bits per key, so
+  // a key is kept with probability 1 - floor(p * 2^16) / 2^16. 0 = off.
   float dropout_p = 0.0f;
   uint64_t dropout_seed = 0;
 };

@@ -404,50 +404,56 @@ HWY_INLINE void PhiloxLanes(D32 d, hn::Vec<D32>* c0, hn::Vec<D32>* c1,
     hn::Vec<D32> hi0, lo0, hi1, lo1;
     MulHiLo(d, *c0, philox_internal::kMultiplier0, &hi0, &lo0);
     MulHiLo(d, *c2, philox_internal::kMultiplier1, &hi1, &lo1);
-    *c0 = hn::Xor(hn::Xor(hi1, *c1), hn::Set(d, key.v[0]));
+    *c0 = hn::Xor3(hi1, *c1, hn::Set(d, key.v[0]));
     *c1 = lo1;
-    *c2 = hn::Xor(hn::Xor(hi0, *c3), hn::Set(d, key.v[1]));
+    *c2 = hn::Xor3(hi0, *c3, hn::Set(d, key.v[1]));
     *c3 = lo0;
   }
 }
 #endif
 
 // The keep rule of dropout, shared by the tile and row forms below: a weight
-// is kept when its 32-bit draw is >= threshold = p * 2^32, then divided by
-// 1 - p; a dropped one becomes -0.0; +0.0 (a hidden key) stays as it is.
+// is kept when its 16-bit draw (lib/philox.h) is >= DropoutThreshold(p), then
+// divided by 1 - p; a dropped one becomes -0.0; +0.0 (a hidden key) stays as
+// it is.
 struct DropoutRule {
   Philox4x32Key key;
-  uint64_t threshold;
+  uint32_t threshold;
   float inv_keep;
 
   explicit DropoutRule(const AttentionArgsF32& a)
       : key{{static_cast<uint32_t>(a.dropout_seed),
              static_cast<uint32_t>(a.dropout_seed >> 32)}},
-        threshold(static_cast<uint64_t>(static_cast<double>(a.dropout_p) * 4294967296.0)),
+        threshold(DropoutThreshold(a.dropout_p)),
         inv_keep(static_cast<float>(1.0 / (1.0 - a.dropout_p))) {}
 
   float Apply(uint32_t draw, float p) const {
     if (p == 0.0f) return p;
-    return static_cast<uint64_t>(draw) >= threshold ? p * inv_keep : -0.0f;
+    return draw >= threshold ? p * inv_keep : -0.0f;
   }
 };
 
 #if HWY_TARGET != HWY_SCALAR
-// DropoutRule::Apply on a vector of weights p with their draws.
+// DropoutRule::Apply on a vector of weights p with their draws (u32 lanes
+// holding 16-bit values, so a signed compare is exact).
 template <class D, class VU>
 HWY_INLINE hn::VFromD<D> DropoutLanes(D d, VU draw, hn::VFromD<D> p,
                                       const DropoutRule& rule) {
-  const hn::RebindToUnsigned<D> du;
   const hn::RebindToSigned<D> di;
-  // Unsigned draw >= threshold as a signed compare of both offset by 2^31.
-  const auto bias = hn::Set(du, 0x80000000u);
-  const auto limit = hn::BitCast(
-      di, hn::Xor(hn::Set(du, static_cast<uint32_t>(rule.threshold)), bias));
-  const auto keep = hn::RebindMask(
-      d, hn::Not(hn::Lt(hn::BitCast(di, hn::Xor(draw, bias)), limit)));
+  const auto limit = hn::Set(di, static_cast<int32_t>(rule.threshold));
+  const auto keep = hn::RebindMask(d, hn::Not(hn::Lt(hn::BitCast(di, draw), limit)));
   const auto dropped =
       hn::IfThenElse(keep, hn::Mul(p, hn::Set(d, rule.inv_keep)), hn::Set(d, -0.0f));
   return hn::IfThenElse(hn::Eq(p, hn::Zero(d)), p, dropped);
+}
+
+// The 16-bit draw of key k (0..7) of a group from the four Philox words.
+template <class DU>
+HWY_INLINE hn::VFromD<DU> DrawOfKey(DU du, int64_t k, hn::VFromD<DU> w0,
+                                    hn::VFromD<DU> w1, hn::VFromD<DU> w2,
+                                    hn::VFromD<DU> w3) {
+  const auto w = k < 2 ? w0 : k < 4 ? w1 : k < 6 ? w2 : w3;
+  return (k & 1) ? hn::ShiftRight<16>(w) : hn::And(w, hn::Set(du, 0xFFFFu));
 }
 #endif
 
@@ -456,10 +462,9 @@ HWY_INLINE hn::VFromD<D> DropoutLanes(D d, VU draw, hn::VFromD<D> p,
 // dropped ones become -0.0. The sign tells the P·V guard (which skips +0.0,
 // the weight of a hidden key) that a dropped key is visible: like the
 // reference, it still multiplies its V row, so Inf/NaN there propagates.
-// keep(b, h, i, j) is the Philox4x32-10 draw of DropoutKeep (reference.h):
-// counter (j / 4, i, h, b), word j % 4, so it depends on nothing but the
-// indices. Lanes are queries: one vector Philox call covers 4 keys of a
-// query vector.
+// keep(b, h, i, j) is DropoutKeep's (reference.h), so it depends on nothing
+// but the indices. Lanes are queries: one vector Philox call covers 8 keys of
+// a query vector.
 template <class D>
 HWY_INLINE void DropoutTile(D d, int cols, const AttentionArgsF32& a,
                             int64_t b, const RowTable& rt, int64_t kv_begin,
@@ -468,20 +473,19 @@ HWY_INLINE void DropoutTile(D d, int cols, const AttentionArgsF32& a,
   const Philox4x32Key key = rule.key;
   const size_t N = hn::Lanes(d);
   const size_t stride = cols * N;
+  constexpr int64_t G = kDropoutKeysPerCall;
 #if HWY_TARGET == HWY_SCALAR
   for (int c = 0; c < cols; ++c) {
-    const uint32_t i = static_cast<uint32_t>(rt.query[c]);
-    const uint32_t h = static_cast<uint32_t>(rt.head[c]);
+    const int64_t i = rt.query[c];
+    const int64_t h = rt.head[c];
     int64_t j = 0;
     while (j < num_keys) {
       const int64_t key_index = kv_begin + j;
-      const Philox4x32Counter counter = {
-          {static_cast<uint32_t>(key_index / 4), i, h,
-           static_cast<uint32_t>(b)}};
-      const Philox4x32Counter draw = Philox4x32_10(counter, key);
-      for (int64_t w = key_index % 4; w < 4 && j < num_keys; ++w, ++j) {
+      const Philox4x32Counter out =
+          Philox4x32_10(DropoutCounter(b, h, i, key_index / G), key);
+      for (int64_t k = key_index % G; k < G && j < num_keys; ++k, ++j) {
         float& p = st[j * stride + c];
-        p = rule.Apply(draw.v[w], p);
+        p = rule.Apply(DropoutDraw(out, k), p);
       }
     }
   }
@@ -489,8 +493,8 @@ HWY_INLINE void DropoutTile(D d, int cols, const AttentionArgsF32& a,
 #else
   const hn::RebindToUnsigned<D> du;
   const hn::RebindToSigned<D> di;
-  const int64_t group_first = kv_begin / 4;
-  const int64_t group_last = (kv_begin + num_keys - 1) / 4;
+  const int64_t group_first = kv_begin / G;
+  const int64_t group_last = (kv_begin + num_keys - 1) / G;
   for (int c = 0; c < cols; ++c) {
     const auto query = hn::BitCast(du, hn::LoadU(di, rt.query + c * N));
     const auto head = hn::BitCast(du, hn::LoadU(di, rt.head + c * N));
@@ -501,11 +505,10 @@ HWY_INLINE void DropoutTile(D d, int cols, const AttentionArgsF32& a,
       auto w2 = head;
       auto w3 = hn::Set(du, static_cast<uint32_t>(b));
       PhiloxLanes(du, &w0, &w1, &w2, &w3, key);
-      const int64_t j_first = std::max<int64_t>(4 * g, kv_begin) - kv_begin;
-      const int64_t j_end = std::min<int64_t>(4 * g + 4, kv_begin + num_keys) - kv_begin;
+      const int64_t j_first = std::max<int64_t>(G * g, kv_begin) - kv_begin;
+      const int64_t j_end = std::min<int64_t>(G * g + G, kv_begin + num_keys) - kv_begin;
       for (int64_t j = j_first; j < j_end; ++j) {
-        const int64_t word = (kv_begin + j) % 4;
-        const auto draw = word == 0 ? w0 : word == 1 ? w1 : word == 2 ? w2 : w3;
+        const auto draw = DrawOfKey(du, (kv_begin + j) % G, w0, w1, w2, w3);
         float* HWY_RESTRICT x = st + j * stride + c * N;
         hn::Store(DropoutLanes(d, draw, hn::Load(d, x), rule), d, x);
       }
@@ -574,8 +577,9 @@ HWY_INLINE void BiasRow(D d, const float* HWY_RESTRICT bias, int64_t n,
 
 // Dropout on one row of weights of query i of head h (DropoutTile's rule:
 // kept weights / (1 - p), dropped ones -0.0, hidden +0.0 untouched). Lanes
-// are Philox counters here, one per group of 4 keys: each call gives 4 words
-// per lane, which StoreInterleaved4 lays out in key order. At most
+// are Philox counters here, one per group of 8 keys: each call gives 4 words
+// per lane, which StoreInterleaved4 lays out in key order, two 16-bit draws
+// per word (low half first: both targets are little-endian). At most
 // kDropoutRowKeys keys per call.
 constexpr int64_t kDropoutRowKeys = 64;
 
@@ -585,39 +589,43 @@ HWY_INLINE void DropoutRow(D d, const AttentionArgsF32& a, int64_t b,
                            float* HWY_RESTRICT x) {
   const DropoutRule rule(a);
   const Philox4x32Key key = rule.key;
-  const int64_t group_first = kv_begin / 4;
-  const int64_t group_end = (kv_begin + n + 3) / 4;
+  constexpr int64_t G = kDropoutKeysPerCall;
+  const int64_t group_first = kv_begin / G;
+  const int64_t group_end = (kv_begin + n + G - 1) / G;
 #if HWY_TARGET == HWY_SCALAR
   (void)d;
   for (int64_t g = group_first; g < group_end; ++g) {
-    const Philox4x32Counter counter = {
-        {static_cast<uint32_t>(g), static_cast<uint32_t>(i),
-         static_cast<uint32_t>(h), static_cast<uint32_t>(b)}};
-    const Philox4x32Counter draw = Philox4x32_10(counter, key);
-    for (int w = 0; w < 4; ++w) {
-      const int64_t j = 4 * g + w - kv_begin;
-      if (j >= 0 && j < n) x[j] = rule.Apply(draw.v[w], x[j]);
+    const Philox4x32Counter out = Philox4x32_10(DropoutCounter(b, h, i, g), key);
+    for (int64_t k = 0; k < G; ++k) {
+      const int64_t j = G * g + k - kv_begin;
+      if (j >= 0 && j < n) x[j] = rule.Apply(DropoutDraw(out, k), x[j]);
     }
   }
 #else
   const hn::RebindToUnsigned<D> du;
+  const hn::Rebind<uint16_t, decltype(du)> du16;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  // Draws of keys 4 * group_first + [0, 4 * groups), in key order.
-  constexpr size_t kMaxDraws = 4 * (kDropoutRowKeys / 4 + 1) + 4 * hn::MaxLanes(du);
-  HWY_ALIGN uint32_t draws[kMaxDraws];
+  // Words of groups group_first + [0, groups), 4 per group, rounded up to
+  // whole vectors of groups.
+  constexpr size_t kMaxWords = 4 * (kDropoutRowKeys / G + 1) + 4 * hn::MaxLanes(du);
+  HWY_ALIGN uint32_t words[kMaxWords];
   for (int64_t g = group_first; g < group_end; g += N) {
     auto w0 = hn::Iota(du, static_cast<uint32_t>(g));
     auto w1 = hn::Set(du, static_cast<uint32_t>(i));
     auto w2 = hn::Set(du, static_cast<uint32_t>(h));
     auto w3 = hn::Set(du, static_cast<uint32_t>(b));
     PhiloxLanes(du, &w0, &w1, &w2, &w3, key);
-    hn::StoreInterleaved4(w0, w1, w2, w3, du, draws + 4 * (g - group_first));
+    hn::StoreInterleaved4(w0, w1, w2, w3, du, words + 4 * (g - group_first));
   }
-  const uint32_t* row = draws + (kv_begin - 4 * group_first);
+  // The 16-bit draws of keys G * group_first + [0, 2 * words), in key order.
+  HWY_ALIGN uint16_t draws[2 * kMaxWords];
+  const int64_t used_words = 4 * (group_end - group_first);
+  std::memcpy(draws, words, static_cast<size_t>(used_words) * sizeof(uint32_t));
+  const uint16_t* row = draws + (kv_begin - G * group_first);
   int64_t j = 0;
   for (; j + N <= n; j += N) {
-    hn::StoreU(DropoutLanes(d, hn::LoadU(du, row + j), hn::LoadU(d, x + j), rule),
-               d, x + j);
+    const auto draw = hn::PromoteTo(du, hn::LoadU(du16, row + j));
+    hn::StoreU(DropoutLanes(d, draw, hn::LoadU(d, x + j), rule), d, x + j);
   }
   for (; j < n; ++j) x[j] = rule.Apply(row[j], x[j]);
 #endif
