@@ -201,10 +201,15 @@ inline int64_t FillRowTable(const AttentionArgsF32& a, int64_t block,
   const int64_t group_rows = a.group * a.q_len;
   const int64_t first = block * mq;
   const int64_t rows = std::min(mq, group_rows - first);
+  // Row g of the group is query g % Lq of head hkv * group + g / Lq: one
+  // division for the block, then a counter (no division per row).
+  int64_t h = hkv * a.group + first / a.q_len;
+  int64_t i = first % a.q_len;
   for (int64_t r = 0; r < mq; ++r) {
-    const int64_t g = first + std::min(r, rows - 1);
-    const int64_t h = hkv * a.group + g / a.q_len;
-    const int64_t i = g % a.q_len;
+    if (r > 0 && r < rows && ++i == a.q_len) {
+      i = 0;
+      ++h;
+    }
     t->query[r] = static_cast<int32_t>(i);
     t->head[r] = static_cast<int32_t>(h);
     t->pos[r] = static_cast<float>(i + offset);
