@@ -731,7 +731,7 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
   for (int64_t kv_begin = kv_start; kv_begin < kv_end; kv_begin += kKeyTile) {
     const int64_t nk = std::min(kKeyTile, kv_end - kv_begin);
     // A tile the mask hides from every row is skipped before any work.
-    const MaskTile mtile = has_mask ? MaskTileBias(d, a, &mask, kv_begin, nk)
+    const MaskTile mtile = has_mask ? MaskTileRows(d, a, &mask, kv_begin, nk)
                                     : MaskTile{true, false, false};
     if (!mtile.visible) continue;
     KvTile tile{nullptr, nullptr, 0, 0};
@@ -748,7 +748,7 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
     }
     if (a.softcap > 0.0f) SoftcapTile(d, cols, a.softcap, nk, st);
     if (a.alibi_slopes != nullptr) AlibiTile(d, cols, rt, kv_begin, nk, st);
-    if (mtile.bias) MaskTileApply(d, cols, mask, nk, st);
+    const bool mask_hid = mtile.bias && MaskTileApply(d, cols, mask, nk, st);
     // Index masks only where some row's window ends inside the tile.
     const bool cut_hi = has_hi && kv_begin + nk - 1 > p_first + right;
     const bool cut_lo = has_lo && kv_begin < p_last - left;
@@ -765,7 +765,7 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
     // 0 * Inf/NaN of their V rows cannot leak. With a finite V tile the
     // plain product adds exact zeros instead (only the sign of a zero output
     // can differ), so the guard runs only where V holds Inf or NaN.
-    const bool may_hide = cut_hi || cut_lo || mtile.hidden;
+    const bool may_hide = cut_hi || cut_lo || mask_hid;
     if (packed.k != nullptr) {
       if (may_hide && !packed.ValuesFinite(d, kv_begin, nk, dv)) {
         packed.Values<true>(d, cols, kv_begin, nk, dv, st, mq, scale, acc);

@@ -224,55 +224,130 @@ HWY_INLINE const float* MaskRow(D d, const AttentionArgsF32& a,
   return dst;
 }
 
-// s += bias (-inf hides) for a 4-lane column block of scores.
+// s += bias (-inf hides) for a 4-lane column block of scores; returns the
+// lanes it hid.
 template <class D4>
-HWY_INLINE void AddBias4(D4 d4, hn::Vec<D4> bias, float* HWY_RESTRICT x) {
+HWY_INLINE hn::Mask<D4> AddBias4(D4 d4, hn::Vec<D4> bias, float* HWY_RESTRICT x) {
   const auto neg_inf = hn::Set(d4, -std::numeric_limits<float>::infinity());
-  hn::StoreU(hn::IfThenElse(hn::Eq(bias, neg_inf), neg_inf,
-                            hn::Add(hn::LoadU(d4, x), bias)),
-             d4, x);
+  const auto hide = hn::Eq(bias, neg_inf);
+  hn::StoreU(hn::IfThenElse(hide, neg_inf, hn::Add(hn::LoadU(d4, x), bias)), d4, x);
+  return hide;
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// In-register transpose of 16 rows of 16 floats: afterwards v[c] holds
+// column c. Two interleave stages inside 128-bit blocks, then a 4x4 transpose
+// of the blocks.
+HWY_INLINE void Transpose16x16(hn::Vec<hn::Full512<float>>* v) {
+  const hn::Full512<float> d;
+  const hn::Repartition<double, decltype(d)> d64;
+  using V = hn::Vec<decltype(d)>;
+  V t[16];
+  for (int p = 0; p < 8; ++p) {  // rows 2p, 2p + 1 interleaved
+    t[2 * p] = hn::InterleaveLower(d, v[2 * p], v[2 * p + 1]);
+    t[2 * p + 1] = hn::InterleaveUpper(d, v[2 * p], v[2 * p + 1]);
+  }
+  // u[4q + k], block b: column 4b + k of rows 4q .. 4q + 3.
+  V u[16];
+  for (int q = 0; q < 4; ++q) {
+    const auto x0 = hn::BitCast(d64, t[4 * q]), x1 = hn::BitCast(d64, t[4 * q + 1]);
+    const auto y0 = hn::BitCast(d64, t[4 * q + 2]), y1 = hn::BitCast(d64, t[4 * q + 3]);
+    u[4 * q] = hn::BitCast(d, hn::InterleaveLower(d64, x0, y0));
+    u[4 * q + 1] = hn::BitCast(d, hn::InterleaveUpper(d64, x0, y0));
+    u[4 * q + 2] = hn::BitCast(d, hn::InterleaveLower(d64, x1, y1));
+    u[4 * q + 3] = hn::BitCast(d, hn::InterleaveUpper(d64, x1, y1));
+  }
+  for (int k = 0; k < 4; ++k) {  // column 4b + k = block b of u[4q + k], q = 0..3
+    const V g0 = u[k], g1 = u[4 + k], g2 = u[8 + k], g3 = u[12 + k];
+    const V e01 = hn::OddEvenBlocks(hn::SwapAdjacentBlocks(g1), g0);  // g0b0 g1b0 g0b2 g1b2
+    const V o01 = hn::OddEvenBlocks(g1, hn::SwapAdjacentBlocks(g0));  // g0b1 g1b1 g0b3 g1b3
+    const V e23 = hn::OddEvenBlocks(hn::SwapAdjacentBlocks(g3), g2);
+    const V o23 = hn::OddEvenBlocks(g3, hn::SwapAdjacentBlocks(g2));
+    v[k] = hn::ConcatLowerLower(d, e23, e01);
+    v[4 + k] = hn::ConcatLowerLower(d, o23, o01);
+    v[8 + k] = hn::ConcatUpperUpper(d, e23, e01);
+    v[12 + k] = hn::ConcatUpperUpper(d, o23, o01);
+  }
+}
+#endif
+
 // Applies lane r's bias row_data[lane_row[r]][j] to the transposed score tile
-// st[j * stride + r] for keys j < n, transposing 4 lanes x 4 keys per step.
+// st[j * stride + r] for keys j < n, transposing 16 lanes x 16 keys per step
+// on AVX-512 and 4 lanes x 4 keys elsewhere (and for the last keys). Returns
+// whether some key was hidden from some lane.
 template <class D>
-HWY_INLINE void MaskTileApplyRows(D /* d */, const MaskBlock& mb, int64_t n,
+HWY_INLINE bool MaskTileApplyRows(D /* d */, const MaskBlock& mb, int64_t n,
                                   size_t stride, float* HWY_RESTRICT st) {
   const int64_t mq = mb.mq;
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  bool hidden = false;
+  int64_t j_first = 0;  // keys before this one are done
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  {
+    const hn::Full512<float> d16;
+    const auto vneg_inf = hn::Set(d16, neg_inf);
+    j_first = mq % 16 == 0 ? n / 16 * 16 : 0;
+    auto any = hn::FirstN(d16, 0);
+    for (int64_t r = 0; r < mq && j_first > 0; r += 16) {
+      for (int64_t j = 0; j < j_first; j += 16) {
+        hn::Vec<decltype(d16)> v[16];
+        for (int t = 0; t < 16; ++t) {
+          v[t] = hn::LoadU(d16, mb.row_data[mb.lane_row[r + t]] + j);
+        }
+        Transpose16x16(v);  // v[c]: key j + c of the 16 lanes
+        for (int c = 0; c < 16; ++c) {
+          float* HWY_RESTRICT x = st + (j + c) * stride + r;
+          const auto hide = hn::Eq(v[c], vneg_inf);
+          any = hn::Or(any, hide);
+          hn::StoreU(hn::IfThenElse(hide, vneg_inf, hn::Add(hn::LoadU(d16, x), v[c])),
+                     d16, x);
+        }
+      }
+    }
+    hidden = !hn::AllFalse(d16, any);
+  }
+#endif
 #if HWY_TARGET == HWY_SCALAR
+  (void)j_first;
   for (int64_t r = 0; r < mq; ++r) {
     const float* row = mb.row_data[mb.lane_row[r]];
     for (int64_t j = 0; j < n; ++j) {
       float& x = st[j * stride + r];
+      hidden |= row[j] == neg_inf;
       x = row[j] == neg_inf ? neg_inf : x + row[j];
     }
   }
 #else
   const hn::CappedTag<float, 4> d4;
+  auto any4 = hn::FirstN(d4, 0);
   for (int64_t r = 0; r < mq; r += 4) {  // mq is a multiple of 4 lanes
     const float* r0 = mb.row_data[mb.lane_row[r]];
     const float* r1 = mb.row_data[mb.lane_row[r + 1]];
     const float* r2 = mb.row_data[mb.lane_row[r + 2]];
     const float* r3 = mb.row_data[mb.lane_row[r + 3]];
-    int64_t j = 0;
+    int64_t j = j_first;
     for (; j + 4 <= n; j += 4) {
       auto a0 = hn::LoadU(d4, r0 + j), a1 = hn::LoadU(d4, r1 + j);
       auto a2 = hn::LoadU(d4, r2 + j), a3 = hn::LoadU(d4, r3 + j);
       Transpose4x4(d4, &a0, &a1, &a2, &a3);  // a_t: key j + t of the 4 lanes
       float* x = st + j * stride + r;
-      AddBias4(d4, a0, x);
-      AddBias4(d4, a1, x + stride);
-      AddBias4(d4, a2, x + 2 * stride);
-      AddBias4(d4, a3, x + 3 * stride);
+      any4 = hn::Or(any4, AddBias4(d4, a0, x));
+      any4 = hn::Or(any4, AddBias4(d4, a1, x + stride));
+      any4 = hn::Or(any4, AddBias4(d4, a2, x + 2 * stride));
+      any4 = hn::Or(any4, AddBias4(d4, a3, x + 3 * stride));
     }
     for (; j < n; ++j) {
       float* x = st + j * stride + r;
       const float b[4] = {r0[j], r1[j], r2[j], r3[j]};
-      for (int i = 0; i < 4; ++i) x[i] = b[i] == neg_inf ? neg_inf : x[i] + b[i];
+      for (int i = 0; i < 4; ++i) {
+        hidden |= b[i] == neg_inf;
+        x[i] = b[i] == neg_inf ? neg_inf : x[i] + b[i];
+      }
     }
   }
+  hidden |= !hn::AllFalse(d4, any4);
 #endif
+  return hidden;
 }
 
 // Reads the mask of keys [kv_begin, kv_begin + num_keys) and says what it
@@ -318,18 +393,51 @@ HWY_INLINE MaskTile MaskTileBias(D d, const AttentionArgsF32& a, MaskBlock* mb,
   return t;
 }
 
-// Applies the tile's bias (MaskTileBias) to a transposed score tile (`cols`
-// query vectors): s += bias, and a -inf bias hides even a +inf or NaN score
-// (as the reference).
+// The prefill's lighter MaskTileBias: reads (and converts) each distinct row
+// and prefetches the next tile's, but looks for a visible key only until it
+// finds one, and leaves `hidden` to MaskTileApply, which reads every bias
+// anyway. `hidden` is false here; `bias` is true for any row but the shared
+// zeros.
 template <class D>
-HWY_INLINE void MaskTileApply(D d, int cols, const MaskBlock& mb,
+HWY_INLINE MaskTile MaskTileRows(D d, const AttentionArgsF32& a, MaskBlock* mb,
+                                 int64_t kv_begin, int64_t num_keys) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const float neg_inf_s = -std::numeric_limits<float>::infinity();
+  const auto neg_inf = hn::Set(d, neg_inf_s);
+  MaskTile t = {false, false, false};
+  for (int64_t u = 0; u < mb->num_rows; ++u) {
+    const float* row = MaskRow(d, a, *mb, u, kv_begin, num_keys);
+    mb->row_data[u] = row;
+    if (row == mb->zeros) {  // a bool row that allows the whole tile
+      t.visible = true;
+      continue;
+    }
+    t.bias = true;
+    int64_t j = 0;
+    for (; !t.visible && j + N <= num_keys; j += N) {
+      t.visible = !hn::AllTrue(d, hn::Eq(hn::LoadU(d, row + j), neg_inf));
+    }
+    for (; !t.visible && j < num_keys; ++j) t.visible = !(row[j] == neg_inf_s);
+  }
+  return t;
+}
+
+// Applies the tile's bias (MaskTileBias or MaskTileRows) to a transposed
+// score tile (`cols` query vectors): s += bias, and a -inf bias hides even a
+// +inf or NaN score (as the reference). Returns whether some key was hidden
+// from some lane.
+template <class D>
+HWY_INLINE bool MaskTileApply(D d, int cols, const MaskBlock& mb,
                               int64_t num_keys, float* HWY_RESTRICT st) {
   const size_t N = hn::Lanes(d);
-  const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  const float neg_inf_s = -std::numeric_limits<float>::infinity();
+  const auto neg_inf = hn::Set(d, neg_inf_s);
   const size_t stride = cols * N;
   if (mb.num_rows == 1) {  // every lane shares one row: broadcast per key
     const float* row = mb.row_data[0];
+    bool hidden = false;
     for (int64_t j = 0; j < num_keys; ++j) {
+      hidden |= row[j] == neg_inf_s;
       const auto bias = hn::Set(d, row[j]);
       const auto hide = hn::Eq(bias, neg_inf);
       for (int c = 0; c < cols; ++c) {
@@ -337,9 +445,9 @@ HWY_INLINE void MaskTileApply(D d, int cols, const MaskBlock& mb,
         hn::Store(hn::IfThenElse(hide, neg_inf, hn::Add(hn::Load(d, x), bias)), d, x);
       }
     }
-    return;
+    return hidden;
   }
-  MaskTileApplyRows(d, mb, num_keys, stride, st);
+  return MaskTileApplyRows(d, mb, num_keys, stride, st);
 }
 
 // Hides keys outside each query's index window: key j is visible to query i
