@@ -202,23 +202,25 @@ struct PrefillJob {
   std::atomic<bool> out_of_memory{false};
 };
 
+// This thread's scratch for a task of `job`; null (and the job marked out
+// of memory) when it cannot be had.
+float* TaskScratch(PrefillJob* job) {
+  float* scratch = t_scratch.Get(job->scratch_floats);
+  if (scratch == nullptr) job->out_of_memory.store(true);
+  return scratch;
+}
+
 void RunPrefillTask(void* arg, int64_t task) {
   PrefillJob* job = static_cast<PrefillJob*>(arg);
-  float* scratch = t_scratch.Get(job->scratch_floats);
-  if (scratch == nullptr) {
-    job->out_of_memory.store(true);
-    return;
-  }
+  float* scratch = TaskScratch(job);
+  if (scratch == nullptr) return;
   job->kernels->attention_f32(*job->args, job->first_task + task, scratch);
 }
 
 void RunPackTask(void* arg, int64_t i) {
   PrefillJob* job = static_cast<PrefillJob*>(arg);
-  float* scratch = t_scratch.Get(job->scratch_floats);
-  if (scratch == nullptr) {
-    job->out_of_memory.store(true);
-    return;
-  }
+  float* scratch = TaskScratch(job);
+  if (scratch == nullptr) return;
   const AttentionArgsF32& a = *job->args;
   job->kernels->pack_kv(a, a.packed_first_group + i,
                         a.packed + i * PackedGroupFloats(a), scratch);
