@@ -354,14 +354,20 @@ HWY_INLINE bool MaskTileApplyRows(D /* d */, const MaskBlock& mb, int64_t n,
 // does to the block: a tile hidden from every lane is skipped (hidden keys
 // take no part at all), one that hides nothing needs no guard in the P·V
 // product, and an all-zero bias (a bool mask that allows everything) needs
-// no apply.
-template <class D>
-HWY_INLINE MaskTile MaskTileBias(D d, const AttentionArgsF32& a, MaskBlock* mb,
+// no apply. Each distinct row is converted (and the next tile's prefetched)
+// on the way.
+//
+// kExact (MaskTileBias, the decode path) scans every bias for all three
+// flags. Otherwise (MaskTileRows, the prefill) it looks for a visible key
+// only until it finds one and leaves `hidden` to MaskTileApply, which reads
+// every bias anyway: `hidden` is false, and `bias` is true for any row but
+// the shared zeros.
+template <bool kExact, class D>
+HWY_INLINE MaskTile ScanMaskTile(D d, const AttentionArgsF32& a, MaskBlock* mb,
                                  int64_t kv_begin, int64_t num_keys) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const float neg_inf_s = -std::numeric_limits<float>::infinity();
   const auto neg_inf = hn::Set(d, neg_inf_s);
-  const auto zero = hn::Zero(d);
   MaskTile t = {false, false, false};
   for (int64_t u = 0; u < mb->num_rows; ++u) {
     const float* row = MaskRow(d, a, *mb, u, kv_begin, num_keys);
@@ -370,56 +376,48 @@ HWY_INLINE MaskTile MaskTileBias(D d, const AttentionArgsF32& a, MaskBlock* mb,
       t.visible = true;
       continue;
     }
-    auto any_hidden = hn::FirstN(d, 0), any_bias = any_hidden;
-    auto all_hidden = hn::Not(any_hidden);
     int64_t j = 0;
-    for (; j + N <= num_keys; j += N) {
-      const auto x = hn::LoadU(d, row + j);
-      const auto h = hn::Eq(x, neg_inf);
-      any_hidden = hn::Or(any_hidden, h);
-      all_hidden = hn::And(all_hidden, h);
-      any_bias = hn::Or(any_bias, hn::Not(hn::Eq(x, zero)));
-    }
-    t.hidden |= !hn::AllFalse(d, any_hidden);
-    t.visible |= !hn::AllTrue(d, all_hidden);
-    t.bias |= !hn::AllFalse(d, any_bias);
-    for (; j < num_keys; ++j) {
-      const bool h = row[j] == neg_inf_s;
-      t.hidden |= h;
-      t.visible |= !h;
-      t.bias |= !(row[j] == 0.0f);
+    if constexpr (kExact) {
+      const auto zero = hn::Zero(d);
+      auto any_hidden = hn::FirstN(d, 0), any_bias = any_hidden;
+      auto all_hidden = hn::Not(any_hidden);
+      for (; j + N <= num_keys; j += N) {
+        const auto x = hn::LoadU(d, row + j);
+        const auto h = hn::Eq(x, neg_inf);
+        any_hidden = hn::Or(any_hidden, h);
+        all_hidden = hn::And(all_hidden, h);
+        any_bias = hn::Or(any_bias, hn::Not(hn::Eq(x, zero)));
+      }
+      t.hidden |= !hn::AllFalse(d, any_hidden);
+      t.visible |= !hn::AllTrue(d, all_hidden);
+      t.bias |= !hn::AllFalse(d, any_bias);
+      for (; j < num_keys; ++j) {
+        const bool h = row[j] == neg_inf_s;
+        t.hidden |= h;
+        t.visible |= !h;
+        t.bias |= !(row[j] == 0.0f);
+      }
+    } else {
+      t.bias = true;
+      for (; !t.visible && j + N <= num_keys; j += N) {
+        t.visible = !hn::AllTrue(d, hn::Eq(hn::LoadU(d, row + j), neg_inf));
+      }
+      for (; !t.visible && j < num_keys; ++j) t.visible = !(row[j] == neg_inf_s);
     }
   }
   return t;
 }
 
-// The prefill's lighter MaskTileBias: reads (and converts) each distinct row
-// and prefetches the next tile's, but looks for a visible key only until it
-// finds one, and leaves `hidden` to MaskTileApply, which reads every bias
-// anyway. `hidden` is false here; `bias` is true for any row but the shared
-// zeros.
+template <class D>
+HWY_INLINE MaskTile MaskTileBias(D d, const AttentionArgsF32& a, MaskBlock* mb,
+                                 int64_t kv_begin, int64_t num_keys) {
+  return ScanMaskTile<true>(d, a, mb, kv_begin, num_keys);
+}
+
 template <class D>
 HWY_INLINE MaskTile MaskTileRows(D d, const AttentionArgsF32& a, MaskBlock* mb,
                                  int64_t kv_begin, int64_t num_keys) {
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const float neg_inf_s = -std::numeric_limits<float>::infinity();
-  const auto neg_inf = hn::Set(d, neg_inf_s);
-  MaskTile t = {false, false, false};
-  for (int64_t u = 0; u < mb->num_rows; ++u) {
-    const float* row = MaskRow(d, a, *mb, u, kv_begin, num_keys);
-    mb->row_data[u] = row;
-    if (row == mb->zeros) {  // a bool row that allows the whole tile
-      t.visible = true;
-      continue;
-    }
-    t.bias = true;
-    int64_t j = 0;
-    for (; !t.visible && j + N <= num_keys; j += N) {
-      t.visible = !hn::AllTrue(d, hn::Eq(hn::LoadU(d, row + j), neg_inf));
-    }
-    for (; !t.visible && j < num_keys; ++j) t.visible = !(row[j] == neg_inf_s);
-  }
-  return t;
+  return ScanMaskTile<false>(d, a, mb, kv_begin, num_keys);
 }
 
 // Applies the tile's bias (MaskTileBias or MaskTileRows) to a transposed
