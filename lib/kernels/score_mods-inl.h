@@ -234,43 +234,6 @@ HWY_INLINE hn::Mask<D4> AddBias4(D4 d4, hn::Vec<D4> bias, float* HWY_RESTRICT x)
   return hide;
 }
 
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-// In-register transpose of 16 rows of 16 floats: afterwards v[c] holds
-// column c. Two interleave stages inside 128-bit blocks, then a 4x4 transpose
-// of the blocks.
-HWY_INLINE void Transpose16x16(hn::Vec<hn::Full512<float>>* v) {
-  const hn::Full512<float> d;
-  const hn::Repartition<double, decltype(d)> d64;
-  using V = hn::Vec<decltype(d)>;
-  V t[16];
-  for (int p = 0; p < 8; ++p) {  // rows 2p, 2p + 1 interleaved
-    t[2 * p] = hn::InterleaveLower(d, v[2 * p], v[2 * p + 1]);
-    t[2 * p + 1] = hn::InterleaveUpper(d, v[2 * p], v[2 * p + 1]);
-  }
-  // u[4q + k], block b: column 4b + k of rows 4q .. 4q + 3.
-  V u[16];
-  for (int q = 0; q < 4; ++q) {
-    const auto x0 = hn::BitCast(d64, t[4 * q]), x1 = hn::BitCast(d64, t[4 * q + 1]);
-    const auto y0 = hn::BitCast(d64, t[4 * q + 2]), y1 = hn::BitCast(d64, t[4 * q + 3]);
-    u[4 * q] = hn::BitCast(d, hn::InterleaveLower(d64, x0, y0));
-    u[4 * q + 1] = hn::BitCast(d, hn::InterleaveUpper(d64, x0, y0));
-    u[4 * q + 2] = hn::BitCast(d, hn::InterleaveLower(d64, x1, y1));
-    u[4 * q + 3] = hn::BitCast(d, hn::InterleaveUpper(d64, x1, y1));
-  }
-  for (int k = 0; k < 4; ++k) {  // column 4b + k = block b of u[4q + k], q = 0..3
-    const V g0 = u[k], g1 = u[4 + k], g2 = u[8 + k], g3 = u[12 + k];
-    const V e01 = hn::OddEvenBlocks(hn::SwapAdjacentBlocks(g1), g0);  // g0b0 g1b0 g0b2 g1b2
-    const V o01 = hn::OddEvenBlocks(g1, hn::SwapAdjacentBlocks(g0));  // g0b1 g1b1 g0b3 g1b3
-    const V e23 = hn::OddEvenBlocks(hn::SwapAdjacentBlocks(g3), g2);
-    const V o23 = hn::OddEvenBlocks(g3, hn::SwapAdjacentBlocks(g2));
-    v[k] = hn::ConcatLowerLower(d, e23, e01);
-    v[4 + k] = hn::ConcatLowerLower(d, o23, o01);
-    v[8 + k] = hn::ConcatUpperUpper(d, e23, e01);
-    v[12 + k] = hn::ConcatUpperUpper(d, o23, o01);
-  }
-}
-#endif
-
 // Applies lane r's bias row_data[lane_row[r]][j] to the transposed score tile
 // st[j * stride + r] for keys j < n, transposing 16 lanes x 16 keys per step
 // on AVX-512 and 4 lanes x 4 keys elsewhere (and for the last keys). Returns
