@@ -15,7 +15,11 @@ cmake -S . -B build/bench -G Ninja -DCMAKE_BUILD_TYPE=Release \
 cmake --build build/bench --target simdattn_bench
 cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"
 echo "== CPU: $cpu"
+# The repetitions of all entries run in random order, so that each median
+# (and the roofline it is divided by) spans the whole run rather than one
+# stretch of it: on a shared machine the speed drifts over minutes.
 build/bench/simdattn_bench --benchmark_repetitions=3 \
+    --benchmark_enable_random_interleaving=true \
     --benchmark_report_aggregates_only=true \
     --table=build/bench/results.tsv "$@"
 
