@@ -370,9 +370,11 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     // into fixed chunks (flash-decoding) so that every thread streams even
     // when B x Hkv is small. Neither depends on the thread count.
     args.block_rows = kernels.query_block_rows();
-    // A group with at most half a block of rows (decode) takes one vector
-    // of queries: the second would only compute padding.
-    if (p.group * p.q_len * 2 <= args.block_rows && args.block_rows % 2 == 0) {
+    // A group with at most half a block of rows (decode) takes half as many
+    // vectors of queries, down to one: the others would only compute padding.
+    const int64_t vector_rows = args.block_rows / kQueryBlockVectors;
+    while (p.group * p.q_len * 2 <= args.block_rows &&
+           args.block_rows / 2 >= vector_rows) {
       args.block_rows /= 2;
     }
     args.num_blocks = (p.group * p.q_len + args.block_rows - 1) / args.block_rows;
@@ -382,7 +384,8 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     args.packed = nullptr;
     args.packed_first_group = 0;
     // Lq = 1: the decode micro-path (every option runs on it).
-    args.decode_path = p.q_len == 1 && p.group <= args.block_rows;
+    args.decode_path = p.q_len == 1 && p.group <= args.block_rows &&
+                       args.block_rows <= 2 * vector_rows;
     if (p.q_len <= kDecodeMaxQueries && p.kv_len > kDecodeChunkKeys) {
       const int64_t min_chunk = (p.kv_len + kMaxSplitChunks - 1) / kMaxSplitChunks;
       args.chunk_keys = std::max(kDecodeChunkKeys, (min_chunk + 63) / 64 * 64);

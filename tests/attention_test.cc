@@ -137,7 +137,7 @@ void ExpectPaddingUntouched(const Tensor& o) {
 }
 
 // The task count reveals the vector width of the code that ran (one task per
-// 2 vectors of query rows), so a target reported under the wrong name fails
+// block of up to 4 vectors of query rows), so a target reported under the wrong name fails
 // here. SVE widths depend on the CPU and are not checked.
 void ExpectBlockSizeOfTarget(const Case& c, const RunInfo& info) {
   const std::string t = info.target;
@@ -148,11 +148,12 @@ void ExpectBlockSizeOfTarget(const Case& c, const RunInfo& info) {
   if (t == "SVE_256") lanes = 8;
   if (t == "SCALAR") lanes = 1;
   if (lanes == 0) return;
-  // Blocks of 2 vectors over the G * Lq rows of each KV group; calls with at
+  // Blocks of 4 vectors over the G * Lq rows of each KV group; calls with at
   // most 16 queries split more than 512 keys into chunks (lib/api.cc).
   const int64_t group_rows = c.q_heads / c.kv_heads * c.q_len;
-  // One vector when a group fills at most half of two (decode).
-  const int64_t rows = group_rows <= lanes ? lanes : 2 * lanes;
+  // Halved, down to one vector, while a group fills at most half a block.
+  int64_t rows = 4 * lanes;
+  while (group_rows * 2 <= rows && rows / 2 >= lanes) rows /= 2;
   int64_t chunks = 1;
   if (c.q_len <= 16 && c.kv_len > 512) {
     const int64_t min_chunk = (c.kv_len + 255) / 256;

@@ -111,6 +111,11 @@ const TargetKernels* KernelsForTarget(int64_t target_bit);
 // Split (decode) calls keep at most this many key chunks per block.
 constexpr int64_t kMaxSplitChunks = 256;
 
+// Vectors of queries in a full query block (TargetKernels::query_block_rows
+// is this many vectors). The register tile covers two of them at a time; the
+// decode micro-path takes blocks of at most two.
+constexpr int64_t kQueryBlockVectors = 4;
+
 inline int64_t CombineTaskCount(const AttentionArgsF32& a) {
   return a.batch * a.kv_heads * a.num_blocks;
 }

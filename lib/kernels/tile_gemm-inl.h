@@ -31,8 +31,8 @@ constexpr int kTileRows = 4;
 #else
 constexpr int kTileRows = 8;
 #endif
-// Query vectors per block: 2, or 1 for blocks with few rows (decode), where
-// a second vector would only compute padding.
+// Query vectors per register tile: 2. A query block has up to
+// kQueryBlockVectors of them; TileGemmRows runs wider blocks as pairs.
 constexpr int kTileCols = 2;
 
 // For rows r < kRows and vectors c < kTileCols:
@@ -140,7 +140,9 @@ HWY_INLINE void TileGemmRowsCols(D d, int64_t rows, const float* HWY_RESTRICT b,
   }
 }
 
-// The same with the number of query vectors (1 or 2) chosen at run time.
+// The same with the number of query vectors chosen at run time: 1, or any
+// even number, run two at a time (the pairs outermost, so that one pair's
+// packed operand stays in L1 while the broadcast rows come again from L2).
 template <bool kAccumulate, bool kGuard, class D>
 HWY_INLINE void TileGemmRows(D d, int cols, int64_t rows,
                              const float* HWY_RESTRICT b, int64_t b_row,
@@ -151,9 +153,13 @@ HWY_INLINE void TileGemmRows(D d, int cols, int64_t rows,
   if (cols == 1) {
     TileGemmRowsCols<1, kAccumulate, kGuard>(d, rows, b, b_row, b_t, a, a_t, n,
                                              scale, out, out_row);
-  } else {
-    TileGemmRowsCols<2, kAccumulate, kGuard>(d, rows, b, b_row, b_t, a, a_t, n,
-                                             scale, out, out_row);
+    return;
+  }
+  const size_t N = hn::Lanes(d);
+  for (size_t c = 0; c < static_cast<size_t>(cols); c += 2) {
+    TileGemmRowsCols<2, kAccumulate, kGuard>(
+        d, rows, b, b_row, b_t, a + c * N, a_t, n,
+        scale != nullptr ? scale + c * N : nullptr, out + c * N, out_row);
   }
 }
 
@@ -196,9 +202,13 @@ HWY_INLINE void TileGemmPackedRows(D d, int cols, int64_t rows,
   if (cols == 1) {
     TileGemmPackedRowsCols<1, kAccumulate, kGuard>(
         d, rows, b, b_group, b_tail, a, a_t, n, scale, out, out_row);
-  } else {
+    return;
+  }
+  const size_t N = hn::Lanes(d);
+  for (size_t c = 0; c < static_cast<size_t>(cols); c += 2) {
     TileGemmPackedRowsCols<2, kAccumulate, kGuard>(
-        d, rows, b, b_group, b_tail, a, a_t, n, scale, out, out_row);
+        d, rows, b, b_group, b_tail, a + c * N, a_t, n,
+        scale != nullptr ? scale + c * N : nullptr, out + c * N, out_row);
   }
 }
 
