@@ -11,6 +11,7 @@
 #endif
 
 #include <cstdint>
+#include <type_traits>
 
 #include "hwy/highway.h"
 
@@ -140,9 +141,25 @@ HWY_INLINE void TileGemmRowsCols(D d, int64_t rows, const float* HWY_RESTRICT b,
   }
 }
 
-// The same with the number of query vectors chosen at run time: 1, or any
-// even number, run two at a time (the pairs outermost, so that one pair's
-// packed operand stays in L1 while the broadcast rows come again from L2).
+// Runs fn(kCols, a, scale, out) over the query vectors of a block chosen at
+// run time: 1, or any even number, two at a time (kCols is a
+// std::integral_constant). The pairs go outermost, so that one pair's packed
+// operand stays in L1 while the broadcast rows come again from L2.
+template <class D, class Fn>
+HWY_INLINE void ForEachVectorPair(D d, int cols, const float* a,
+                                  const float* scale, float* out, const Fn& fn) {
+  if (cols == 1) {
+    fn(std::integral_constant<int, 1>(), a, scale, out);
+    return;
+  }
+  const size_t N = hn::Lanes(d);
+  for (size_t c = 0; c < static_cast<size_t>(cols); c += 2) {
+    fn(std::integral_constant<int, 2>(), a + c * N,
+       scale != nullptr ? scale + c * N : nullptr, out + c * N);
+  }
+}
+
+// TileGemmRowsCols with the number of query vectors chosen at run time.
 template <bool kAccumulate, bool kGuard, class D>
 HWY_INLINE void TileGemmRows(D d, int cols, int64_t rows,
                              const float* HWY_RESTRICT b, int64_t b_row,
@@ -150,17 +167,11 @@ HWY_INLINE void TileGemmRows(D d, int cols, int64_t rows,
                              int64_t a_t, int64_t n,
                              const float* HWY_RESTRICT scale,
                              float* HWY_RESTRICT out, int64_t out_row) {
-  if (cols == 1) {
-    TileGemmRowsCols<1, kAccumulate, kGuard>(d, rows, b, b_row, b_t, a, a_t, n,
-                                             scale, out, out_row);
-    return;
-  }
-  const size_t N = hn::Lanes(d);
-  for (size_t c = 0; c < static_cast<size_t>(cols); c += 2) {
-    TileGemmRowsCols<2, kAccumulate, kGuard>(
-        d, rows, b, b_row, b_t, a + c * N, a_t, n,
-        scale != nullptr ? scale + c * N : nullptr, out + c * N, out_row);
-  }
+  ForEachVectorPair(d, cols, a, scale, out,
+                    [&](auto k, const float* ac, const float* sc, float* oc) {
+                      TileGemmRowsCols<decltype(k)::value, kAccumulate, kGuard>(
+                          d, rows, b, b_row, b_t, ac, a_t, n, sc, oc, out_row);
+                    });
 }
 
 // TileGemmRows over a packed broadcast operand (K and V as PackKvImpl lays
@@ -199,17 +210,12 @@ HWY_INLINE void TileGemmPackedRows(D d, int cols, int64_t rows,
                                    const float* HWY_RESTRICT a, int64_t a_t,
                                    int64_t n, const float* HWY_RESTRICT scale,
                                    float* HWY_RESTRICT out, int64_t out_row) {
-  if (cols == 1) {
-    TileGemmPackedRowsCols<1, kAccumulate, kGuard>(
-        d, rows, b, b_group, b_tail, a, a_t, n, scale, out, out_row);
-    return;
-  }
-  const size_t N = hn::Lanes(d);
-  for (size_t c = 0; c < static_cast<size_t>(cols); c += 2) {
-    TileGemmPackedRowsCols<2, kAccumulate, kGuard>(
-        d, rows, b, b_group, b_tail, a + c * N, a_t, n,
-        scale != nullptr ? scale + c * N : nullptr, out + c * N, out_row);
-  }
+  ForEachVectorPair(
+      d, cols, a, scale, out,
+      [&](auto k, const float* ac, const float* sc, float* oc) {
+        TileGemmPackedRowsCols<decltype(k)::value, kAccumulate, kGuard>(
+            d, rows, b, b_group, b_tail, ac, a_t, n, sc, oc, out_row);
+      });
 }
 
 #if HWY_TARGET != HWY_SCALAR
