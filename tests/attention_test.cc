@@ -137,8 +137,8 @@ void ExpectPaddingUntouched(const Tensor& o) {
 }
 
 // The task count reveals the vector width of the code that ran (one task per
-// block of up to 4 vectors of query rows), so a target reported under the wrong name fails
-// here. SVE widths depend on the CPU and are not checked.
+// block of up to 4 vectors of query rows), so a target reported under the
+// wrong name fails here. SVE widths depend on the CPU and are not checked.
 void ExpectBlockSizeOfTarget(const Case& c, const RunInfo& info) {
   const std::string t = info.target;
   int64_t lanes = 0;
