@@ -224,8 +224,8 @@ HWY_INLINE const float* MaskRow(D d, const AttentionArgsF32& a,
   return dst;
 }
 
-// s += bias (-inf hides) for a 4-lane column block of scores; returns the
-// lanes it hid.
+// s += bias (-inf hides) for a column block of scores (4 lanes, or 16 on
+// AVX-512); returns the lanes it hid.
 template <class D4>
 HWY_INLINE hn::Mask<D4> AddBias4(D4 d4, hn::Vec<D4> bias, float* HWY_RESTRICT x) {
   const auto neg_inf = hn::Set(d4, -std::numeric_limits<float>::infinity());
@@ -248,7 +248,6 @@ HWY_INLINE bool MaskTileApplyRows(D /* d */, const MaskBlock& mb, int64_t n,
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   {
     const hn::Full512<float> d16;
-    const auto vneg_inf = hn::Set(d16, neg_inf);
     j_first = mq % 16 == 0 ? n / 16 * 16 : 0;
     auto any = hn::FirstN(d16, 0);
     for (int64_t r = 0; r < mq && j_first > 0; r += 16) {
@@ -259,11 +258,7 @@ HWY_INLINE bool MaskTileApplyRows(D /* d */, const MaskBlock& mb, int64_t n,
         }
         Transpose16x16(v);  // v[c]: key j + c of the 16 lanes
         for (int c = 0; c < 16; ++c) {
-          float* HWY_RESTRICT x = st + (j + c) * stride + r;
-          const auto hide = hn::Eq(v[c], vneg_inf);
-          any = hn::Or(any, hide);
-          hn::StoreU(hn::IfThenElse(hide, vneg_inf, hn::Add(hn::LoadU(d16, x), v[c])),
-                     d16, x);
+          any = hn::Or(any, AddBias4(d16, v[c], st + (j + c) * stride + r));
         }
       }
     }
