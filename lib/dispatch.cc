@@ -12,18 +12,29 @@
 #include "hwy/highway.h"
 #include "hwy/targets.h"
 
+#if HWY_ARCH_X86
+#include <cpuid.h>
+#endif
+
 namespace simdattn {
 namespace {
 
 // Every target name this architecture knows, in Highway's order of
-// preference (its bit order). A cap may name any of them, compiled or not.
+// preference (its bit order), after our own entries. A cap may name any of
+// them, compiled or not.
 struct KnownTarget {
   const char* name;
-  int64_t bit;
+  int64_t bit;  // Highway's target bit; kNativeBf16 for our own entry
 };
+
+// AVX3_BF16: Highway's AVX3 kernels with the bf16 products on vdpbf16ps
+// (AVX512_BF16, which Highway 1.0.3 has no target for), ranked above
+// AVX3_DL so that SIMDATTN_MAX_TARGET=AVX3_DL caps it off.
+constexpr int64_t kNativeBf16 = 0;
 
 #if HWY_ARCH_X86
 constexpr KnownTarget kKnown[] = {
+    {"AVX3_BF16", kNativeBf16},
     {"AVX3_DL", HWY_AVX3_DL}, {"AVX3", HWY_AVX3},     {"AVX2", HWY_AVX2},
     {"SSE4", HWY_SSE4},       {"SSSE3", HWY_SSSE3},   {"EMU128", HWY_EMU128},
     {"SCALAR", HWY_SCALAR}};
@@ -65,6 +76,36 @@ std::string KnownNames() {
   return s;
 }
 
+// CPUID.(EAX=7, ECX=1):EAX bit 5: AVX512_BF16. The OS's saving of the
+// AVX-512 state is part of Highway's AVX3 check, required with it.
+bool CpuHasAvx512Bf16() {
+#if HWY_ARCH_X86
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) == 0) return false;
+  return (eax >> 5) & 1u;
+#else
+  return false;
+#endif
+}
+
+// Whether vdpbf16ps beats the f32 FMAs of the widening path on this CPU.
+// AMD Zen 4/5 run it at twice the f32 FMA rate in flops. On Intel the
+// opposite was measured: an Emerald Rapids core (Xeon, model 207) ran the
+// roofline/dot_bf16 loop at 79 GFLOP/s against 165 for roofline/fma_f32,
+// and bf16 prefill (B1 H8 L2048 D128, 1 thread) at 73 GFLOP/s natively
+// against 100 with the exact widening of AVX3_DL. So there it runs only
+// when named (SetMaxTarget / SIMDATTN_MAX_TARGET = AVX3_BF16).
+bool CpuPrefersNativeBf16() {
+#if HWY_ARCH_X86
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  // "AuthenticAMD" in EBX, EDX, ECX.
+  return ebx == 0x68747541u && edx == 0x69746E65u && ecx == 0x444D4163u;
+#else
+  return false;
+#endif
+}
+
 // Cap set through SetMaxTarget: -1 = none (use the environment).
 std::atomic<int> g_api_cap{-1};
 
@@ -77,10 +118,14 @@ std::vector<TargetEntry> BuildTable() {
   hwy::GetChosenTarget().DeInit();
   std::vector<TargetEntry> table;
   for (int i = 0; i < kNumKnown; ++i) {
-    const TargetKernels* kernels = KernelsForTarget(kKnown[i].bit);
+    const bool native = kKnown[i].bit == kNativeBf16;
+    const TargetKernels* kernels =
+        native ? NativeBf16Kernels() : KernelsForTarget(kKnown[i].bit);
     if (kernels == nullptr) continue;
-    table.push_back({kKnown[i].name, i, (supported & kKnown[i].bit) != 0,
-                     kernels});
+    const bool runs = native ? (supported & HWY_AVX3) != 0 && CpuHasAvx512Bf16()
+                             : (supported & kKnown[i].bit) != 0;
+    const bool preferred = !native || CpuPrefersNativeBf16();
+    table.push_back({kKnown[i].name, i, runs, preferred, kernels});
   }
   return table;
 }
@@ -108,7 +153,8 @@ Status ChooseTarget(const TargetEntry** entry) {
     }
   }
   for (const TargetEntry& e : TargetTable()) {
-    if (e.supported && e.rank >= (cap < 0 ? 0 : cap)) {
+    if (e.supported && e.rank >= (cap < 0 ? 0 : cap) &&
+        (e.preferred || e.rank == cap)) {
       *entry = &e;
       return Status::Ok();
     }

@@ -16,6 +16,10 @@ struct TargetEntry {
   const char* name;         // e.g. "AVX3_DL"
   int rank;                 // 0 = most preferred
   bool supported;           // this CPU can run it
+  // Chosen without being named: false for an entry that this CPU runs
+  // slower than the next one (AVX3_BF16 on Intel, see dispatch.cc); a cap
+  // naming it exactly still selects it.
+  bool preferred;
   const TargetKernels* kernels;
 };
 
@@ -23,7 +27,8 @@ struct TargetEntry {
 const std::vector<TargetEntry>& TargetTable();
 
 // The entry a call runs: the best supported one not ranked above the cap
-// (SetMaxTarget, else the SIMDATTN_MAX_TARGET environment variable).
+// (SetMaxTarget, else the SIMDATTN_MAX_TARGET environment variable),
+// skipping entries that are not preferred unless the cap names them.
 Status ChooseTarget(const TargetEntry** entry);
 
 }  // namespace simdattn

@@ -142,7 +142,7 @@ void ExpectPaddingUntouched(const Tensor& o) {
 void ExpectBlockSizeOfTarget(const Case& c, const RunInfo& info) {
   const std::string t = info.target;
   int64_t lanes = 0;
-  if (t == "AVX3_DL" || t == "AVX3") lanes = 16;
+  if (t == "AVX3_BF16" || t == "AVX3_DL" || t == "AVX3") lanes = 16;
   if (t == "AVX2") lanes = 8;
   if (t == "SSE4" || t == "SSSE3" || t == "NEON" || t == "SVE2_128") lanes = 4;
   if (t == "SVE_256") lanes = 8;
@@ -1196,6 +1196,98 @@ TEST(KvTypeTest, SixteenBitQueriesAndOutputs) {
       c.layout = mix == 1 ? Layout::kBSHD : Layout::kBHSD;
       c.options.causal = mix != 0;
       CheckAllTargets(c, MakeInputs(c, 3300 + n++));
+    }
+  }
+}
+
+// bf16 Q, K and V: the AVX3_BF16 entry runs both products on vdpbf16ps,
+// with P rounded to bf16 (other targets widen exactly), held to the bf16
+// bound. The cases pad the pairs (odd Dk, odd key counts, tiles that start
+// on an odd key), give Dv with and without a tail of the 32-dim pairing
+// loop, and cover each option, GQA, split keys and a bf16 output.
+TEST(KvTypeTest, Bf16QueriesKeysAndValuesWithEveryOption) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  float sinks[4] = {0.5f, neg_inf, -1.0f, 2.0f};
+  float slopes[4] = {0.05f, 0.01f, 0.2f, 0.0f};
+  int64_t lens[2] = {90, 41};
+  std::mt19937 rng(3400);
+  Tensor mask(DType::kBool, 1, 1, 20, 129);
+  for (int64_t i = 0; i < 20; ++i)
+    for (int64_t j = 0; j < 129; ++j) mask.Set(0, 0, i, j, rng() % 4 != 0 ? 1.0f : 0.0f);
+  for (int which = 0; which < 6; ++which) {
+    SCOPED_TRACE(testing::Message() << "case " << which);
+    Case c;
+    c.q_dtype = DType::kBF16;
+    c.kv_dtype = DType::kBF16;
+    c.layout = which % 2 ? Layout::kBSHD : Layout::kBHSD;
+    switch (which) {
+      case 0:  // odd Dk and Lk, GQA, bottom-right causal
+        c.q_heads = 4, c.kv_heads = 2, c.q_len = 37, c.kv_len = 77;
+        c.dk = 7, c.dv = 40;
+        c.options.causal = true;
+        c.options.alignment = Alignment::kBottomRight;
+        break;
+      case 1:  // wide heads, a window starting tiles on odd keys
+        c.q_len = 70, c.kv_len = 300, c.dk = 128, c.dv = 136;
+        c.options.window_left = 51;
+        c.options.window_right = 10;
+        break;
+      case 2:  // bool mask, ALiBi and softcap
+        c.q_heads = 2, c.q_len = 20, c.kv_len = 129, c.dk = 33, c.dv = 32;
+        c.options.mask = mask.View();
+        c.options.alibi_slopes = slopes;
+        c.options.softcap = 5.0f;
+        break;
+      case 3:  // kv_lengths (one odd), dropout and sinks with GQA
+        c.batch = 2, c.q_heads = 4, c.kv_heads = 2, c.q_len = 40, c.kv_len = 90;
+        c.dk = 64, c.dv = 64;
+        c.options.kv_lengths = lens;
+        c.options.dropout_p = 0.1f;
+        c.options.dropout_seed = 9;
+        c.options.sinks = sinks;
+        break;
+      case 4:  // few queries: keys split into chunks merged by their LSE
+        c.q_heads = 8, c.kv_heads = 2, c.q_len = 3, c.kv_len = 1501;
+        c.dk = 16, c.dv = 24;
+        c.options.causal = true;
+        c.options.alignment = Alignment::kBottomRight;
+        break;
+      case 5:  // bf16 output
+        c.o_dtype = DType::kBF16;
+        c.q_heads = 2, c.q_len = 65, c.kv_len = 65, c.dk = 48, c.dv = 24;
+        c.options.causal = true;
+        break;
+    }
+    CheckAllTargets(c, MakeInputs(c, 3400 + which));
+  }
+}
+
+// Inf and NaN in the bf16 V rows of keys that a causal mask hides stay out
+// of the rows that do not see them (the native path falls back to the
+// guarded f32 product on such tiles) and reach the rows that do.
+TEST(KvTypeTest, Bf16HiddenInfAndNanDoNotLeak) {
+  Case c;
+  c.q_dtype = DType::kBF16;
+  c.kv_dtype = DType::kBF16;
+  c.q_len = 40;
+  c.kv_len = 40;
+  c.dk = 8;
+  c.dv = 20;
+  c.options.causal = true;
+  Inputs in = MakeInputs(c, 3500);
+  in.v.Set(0, 0, 30, 3, std::numeric_limits<float>::infinity());
+  in.v.Set(0, 0, 35, 5, std::numeric_limits<float>::quiet_NaN());
+  for (PackPolicy pack : {PackPolicy::kAlways, PackPolicy::kNever}) {
+    ScopedPackPolicy policy(pack);
+    for (const std::string& target : AvailableTargets()) {
+      SCOPED_TRACE(target);
+      const Outputs out = RunFast(c, in, target);
+      ASSERT_TRUE(out.status.ok()) << out.status.message;
+      for (int64_t i = 0; i < 40; ++i) {
+        EXPECT_EQ(std::isinf(out.o.Get(0, 0, i, 3)), i >= 30) << i;
+        EXPECT_EQ(std::isnan(out.o.Get(0, 0, i, 5)), i >= 35) << i;
+        EXPECT_TRUE(std::isfinite(out.o.Get(0, 0, i, 0))) << i;
+      }
     }
   }
 }

@@ -605,7 +605,7 @@ TEST(CliTest, InfoListsTargets) {
   for (const std::string& t : CompiledTargets()) {
     EXPECT_NE(r.out.find(t), std::string::npos) << t;
   }
-  EXPECT_NE(r.out.find("selected target: " + available.front() + "\n"),
+  EXPECT_NE(r.out.find("selected target: " + test::ExpectedDefaultTarget() + "\n"),
             std::string::npos)
       << r.out;
 #if defined(__x86_64__)

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 
 #include "lib/dtype.h"
@@ -37,6 +38,20 @@ void RecordTargetRun(const std::string& target) {
 std::set<std::string> TargetsRun() {
   std::lock_guard<std::mutex> lock(RunMutex());
   return RunSet();
+}
+
+std::string ExpectedDefaultTarget() {
+  const std::vector<std::string> avail = AvailableTargets();
+  if (avail.empty()) return "";
+  if (avail.front() != "AVX3_BF16" || avail.size() < 2) return avail.front();
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("vendor_id", 0) == 0) {
+      return line.find("AuthenticAMD") != std::string::npos ? avail[0] : avail[1];
+    }
+  }
+  return avail[1];
 }
 
 ScopedTarget::ScopedTarget(const std::string& name) {

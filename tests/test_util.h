@@ -23,6 +23,11 @@ bool QuickMode();
 void RecordTargetRun(const std::string& target);
 std::set<std::string> TargetsRun();
 
+// The target a call without a cap should run, worked out independently of
+// the library: the first available one, except AVX3_BF16 on a CPU whose
+// /proc/cpuinfo vendor is not AuthenticAMD (it runs there only when named).
+std::string ExpectedDefaultTarget();
+
 // Sets the target cap for its lifetime (SetMaxTarget), restoring "no cap".
 class ScopedTarget {
  public:

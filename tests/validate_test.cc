@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -275,7 +277,7 @@ TEST(TargetTest, EnvironmentVariableCapsAndBadNamesFail) {
   EXPECT_EQ(bad.code, StatusCode::kInvalidArgument);
   EXPECT_NE(bad.message.find("AVX9000"), std::string::npos);
   ASSERT_TRUE(SelectedTarget(&selected).ok());
-  EXPECT_EQ(selected, avail.front());  // unchanged, no cap
+  EXPECT_EQ(selected, ExpectedDefaultTarget());  // unchanged, no cap
 }
 
 TEST(TargetTest, CompiledTargetsIncludeAvailableOnes) {
@@ -284,6 +286,53 @@ TEST(TargetTest, CompiledTargetsIncludeAvailableOnes) {
     EXPECT_NE(std::find(compiled.begin(), compiled.end(), t), compiled.end()) << t;
   }
   EXPECT_EQ(compiled.back(), "SCALAR");
+}
+
+// The native bf16 entry (AVX3_BF16) leads the x86 table, and it is available
+// exactly when the kernel reports avx512_bf16 for this CPU (a second opinion
+// on our CPUID check). Capping at AVX3_DL selects something else.
+TEST(TargetTest, NativeBf16EntryFollowsTheCpu) {
+#if defined(__x86_64__)
+  const std::vector<std::string> compiled = CompiledTargets();
+  ASSERT_FALSE(compiled.empty());
+  EXPECT_EQ(compiled.front(), "AVX3_BF16");
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  if (!cpuinfo) GTEST_SKIP() << "no /proc/cpuinfo to compare with";
+  std::string line;
+  bool flag = false, avx512f = false;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line);
+    for (std::string w; words >> w;) {
+      flag |= w == "avx512_bf16";
+      avx512f |= w == "avx512f";
+    }
+    break;
+  }
+  const std::vector<std::string> avail = AvailableTargets();
+  const bool listed = std::find(avail.begin(), avail.end(), "AVX3_BF16") != avail.end();
+  EXPECT_EQ(listed, flag && avx512f);
+  if (listed) {
+    EXPECT_EQ(avail.front(), "AVX3_BF16");
+    // Named, it runs on any CPU that has it; capped at AVX3_DL, never.
+    ASSERT_TRUE(SetMaxTarget("AVX3_BF16").ok());
+    std::string selected;
+    ASSERT_TRUE(SelectedTarget(&selected).ok());
+    EXPECT_EQ(selected, "AVX3_BF16");
+    ASSERT_TRUE(SetMaxTarget("AVX3_DL").ok());
+    ASSERT_TRUE(SelectedTarget(&selected).ok());
+    EXPECT_NE(selected, "AVX3_BF16");
+    SetMaxTarget(nullptr);
+    // Without a cap: on AMD only (vdpbf16ps measured slower than the f32
+    // FMAs on an Intel core).
+    ASSERT_TRUE(SelectedTarget(&selected).ok());
+    EXPECT_EQ(selected, ExpectedDefaultTarget());
+  }
+#else
+  const std::vector<std::string> compiled = CompiledTargets();
+  EXPECT_EQ(std::find(compiled.begin(), compiled.end(), "AVX3_BF16"), compiled.end());
+  EXPECT_FALSE(SetMaxTarget("AVX3_BF16").ok());
+#endif
 }
 
 }  // namespace

@@ -16,6 +16,7 @@ ensure_packages g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:ar
 flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
 has() { for f in "$@"; do [[ $flags == *" $f "* ]] || return 1; done; }
 expect=""
+has avx512f avx512vl avx512dq avx512bw avx512_bf16 && expect+=" AVX3_BF16"
 has avx512f avx512vl avx512dq avx512bw avx512_vnni avx512_vbmi avx512_vbmi2 \
     vaes vpclmulqdq avx512_bitalg avx512_vpopcntdq && expect+=" AVX3_DL"
 has avx512f avx512vl avx512dq avx512bw && expect+=" AVX3"

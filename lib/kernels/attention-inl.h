@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "hwy/highway.h"
+#include "lib/kernels/bf16_dot-inl.h"
 #include "lib/kernels/convert-inl.h"
 #include "lib/kernels/decode-inl.h"
 #include "lib/kernels/kernels.h"
@@ -342,10 +343,131 @@ HWY_INLINE const float* RowF32(D d, const KvRows& src, const char* base,
   return tmp;
 }
 
+// Whether a call runs the native bf16 products: the AVX3_BF16 entry
+// (kNative), with Q, K and V all stored in bf16, outside the decode
+// micro-path (bound by memory, it widens K/V in registers instead).
+template <bool kNative>
+HWY_INLINE bool NativeBf16(const AttentionArgsF32& a) {
+  return SIMDATTN_NATIVE_BF16 && kNative && a.q_type == 2 && a.kv_type == 2 &&
+         !a.decode_path;
+}
+
+#if SIMDATTN_NATIVE_BF16
+// PackedKv's layout for the native products, in bf16 pairs (u32). With
+// T = kTileRows, n = the group's valid keys, Dk2 = ceil(Dk / 2) and
+// n2 = ceil(n / 2):
+//   K: keys in groups of T, the group of key j at (j - j % T) * Dk2 holding
+//      [Dk2][T] (pair p of a key: head dims 2p and 2p + 1); the last n % T
+//      keys at (n - n % T) * Dk2 as [Dk2][n % T];
+//   V: value dims in groups of T, group g at g * T * n2 holding [n2][T]
+//      (pair p: keys 2p and 2p + 1); the last Dv % T dims at
+//      (Dv - Dv % T) * n2 as [n2][Dv % T].
+// Both fit in PackedGroupFloats(). scratch holds kTileRows x max(Dk, Dv)
+// floats.
+inline void PackKvBf16(const AttentionArgsF32& a, int64_t group,
+                       uint32_t* HWY_RESTRICT dst,
+                       uint32_t* HWY_RESTRICT scratch) {
+  constexpr int64_t T = kTileRows;
+  const int64_t b = group / a.kv_heads;
+  const int64_t hkv = group % a.kv_heads;
+  const int64_t n = a.kv_lengths != nullptr ? a.kv_lengths[b] : a.kv_len;
+  const int64_t dk = a.head_dim_qk, dk2 = (dk + 1) / 2;
+  const int64_t dv = a.head_dim_v, n2 = (n + 1) / 2;
+  const KvRows src(a, b, hkv);
+  const uint16_t* k = reinterpret_cast<const uint16_t*>(src.k);
+  const uint16_t* v = reinterpret_cast<const uint16_t*>(src.v);
+  for (int64_t j0 = 0; j0 < n; j0 += T) {
+    const int64_t w = std::min(T, n - j0);
+    for (int64_t r = 0; r < w; ++r) {  // key j0 + r as pairs, odd dk padded
+      uint32_t* row = scratch + r * dk2;
+      row[dk2 - 1] = 0;
+      std::memcpy(row, k + (j0 + r) * a.k_strides[2],
+                  static_cast<size_t>(dk) * sizeof(uint16_t));
+    }
+    uint32_t* HWY_RESTRICT out = dst + j0 * dk2;
+    for (int64_t p = 0; p < dk2; ++p) {
+      for (int64_t r = 0; r < w; ++r) out[p * w + r] = scratch[r * dk2 + p];
+    }
+  }
+  uint32_t* HWY_RESTRICT vp = dst + PackedKFloats(a);
+  const int64_t full = dv / T * T;
+  const int64_t rem = dv - full;
+  for (int64_t p = 0; p < n2; ++p) {  // keys 2p, 2p + 1 paired along dv
+    PairValueRows(v + 2 * p * a.v_strides[2], a.v_strides[2],
+                  std::min<int64_t>(2, n - 2 * p), dv, scratch);
+    for (int64_t e = 0; e < full; e += T) {
+      std::memcpy(vp + e * n2 + p * T, scratch + e, T * sizeof(uint32_t));
+    }
+    for (int64_t i = 0; i < rem; ++i) vp[full * n2 + p * rem + i] = scratch[full + i];
+  }
+}
+
+// qt2[p * mq + r] = the pair of head dims 2p, 2p + 1 of row r's query, as
+// stored (bf16, unscaled: the scores are scaled in f32 afterwards).
+inline void PackQueriesBf16(const AttentionArgsF32& a, int64_t b,
+                            const RowTable& rt, int64_t mq,
+                            uint32_t* HWY_RESTRICT qt2) {
+  const int64_t dk = a.head_dim_qk, dk2 = (dk + 1) / 2;
+  for (int64_t r = 0; r < mq; ++r) {
+    const uint16_t* q = static_cast<const uint16_t*>(a.q) + b * a.q_strides[0] +
+                        rt.head[r] * a.q_strides[1] + rt.query[r] * a.q_strides[2];
+    for (int64_t p = 0; p < dk2; ++p) {
+      const uint32_t hi = 2 * p + 1 < dk ? q[2 * p + 1] : 0u;
+      qt2[p * mq + r] = q[2 * p] | hi << 16;
+    }
+  }
+}
+
+// One K/V tile for the native products, read in place from storage: K rows
+// as pairs into k2 ([nk][Dk2]), V key pairs into v2 ([ceil(nk / 2)][Dv]).
+inline void LoadKvTileBf16(const AttentionArgsF32& a, const KvRows& src,
+                           int64_t kv_begin, int64_t nk,
+                           uint32_t* HWY_RESTRICT k2,
+                           uint32_t* HWY_RESTRICT v2) {
+  const int64_t dk = a.head_dim_qk, dk2 = (dk + 1) / 2;
+  const uint16_t* k = reinterpret_cast<const uint16_t*>(src.k);
+  for (int64_t j = 0; j < nk; ++j) {
+    uint32_t* row = k2 + j * dk2;
+    row[dk2 - 1] = 0;
+    std::memcpy(row, k + (kv_begin + j) * a.k_strides[2],
+                static_cast<size_t>(dk) * sizeof(uint16_t));
+  }
+  PairValueRows(reinterpret_cast<const uint16_t*>(src.v) + kv_begin * a.v_strides[2],
+                a.v_strides[2], nk, a.head_dim_v, v2);
+}
+
+// Whether rows [first, first + nk) of V (bf16 storage) are all finite.
+inline bool Bf16ValuesFinite(const AttentionArgsF32& a, const KvRows& src,
+                             int64_t first, int64_t nk) {
+  const hn::ScalableTag<uint16_t> du;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(du));
+  const int64_t dv = a.head_dim_v;
+  const auto exp = hn::Set(du, 0x7F80);  // exponent all ones: Inf or NaN
+  auto top = hn::Zero(du);
+  uint16_t tail = 0;
+  for (int64_t j = first; j < first + nk; ++j) {
+    const uint16_t* row = reinterpret_cast<const uint16_t*>(src.v) + j * a.v_strides[2];
+    int64_t e = 0;
+    for (; e + N <= dv; e += N) top = hn::Max(top, hn::And(hn::LoadU(du, row + e), exp));
+    for (; e < dv; ++e) tail = std::max<uint16_t>(tail, row[e] & 0x7F80);
+  }
+  return tail != 0x7F80 && hn::AllFalse(du, hn::Eq(top, exp));
+}
+#endif  // SIMDATTN_NATIVE_BF16
+
 // Builds the PackedKv layout of group `group` in dst (PackedGroupFloats()
-// floats); scratch holds kTileRows x max(Dk, Dv) floats.
+// floats; the bf16-pair layout above for the native products); scratch
+// holds kTileRows x max(Dk, Dv) floats.
+template <bool kNative>
 inline void PackKvImpl(const AttentionArgsF32& a, int64_t group,
                        float* HWY_RESTRICT dst, float* HWY_RESTRICT scratch) {
+#if SIMDATTN_NATIVE_BF16
+  if (NativeBf16<kNative>(a)) {
+    PackKvBf16(a, group, reinterpret_cast<uint32_t*>(dst),
+               reinterpret_cast<uint32_t*>(scratch));
+    return;
+  }
+#endif
   const hn::ScalableTag<float> d;
   constexpr int64_t T = kTileRows;
   const int64_t b = group / a.kv_heads;
@@ -649,7 +771,8 @@ bool PackedKv::ValuesFinite(D d, int64_t j0, int64_t nk, int64_t dv) const {
 // along the head dims, q_len/kv_len < 2^31 - 1, head dims >= 1); scratch
 // 256-byte aligned with ScratchFloatsImpl() floats. Unsplit, writes the
 // block's rows of O and LSE and nothing else; split, writes the task's slot
-// of args.partials.
+// of args.partials. kNative: the AVX3_BF16 entry (see NativeBf16).
+template <bool kNative>
 inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
                                  float* HWY_RESTRICT scratch) {
   const hn::ScalableTag<float> d;
@@ -728,8 +851,17 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
   }
 
   // Pack the block transposed and scaled: qt[i][r] = scale * q_r[i]; padding
-  // lanes repeat a valid row. ktile is free until the first tile.
-  PackQueries(d, a, b, rt, mq, ktile, qt);
+  // lanes repeat a valid row. ktile is free until the first tile. The native
+  // products take pairs of head dims, unscaled (PackQueriesBf16).
+  const bool native = NativeBf16<kNative>(a);
+#if SIMDATTN_NATIVE_BF16
+  uint32_t* HWY_RESTRICT qt2 = reinterpret_cast<uint32_t*>(qt);
+  uint32_t* HWY_RESTRICT k2 = reinterpret_cast<uint32_t*>(ktile);
+  uint32_t* HWY_RESTRICT v2 = reinterpret_cast<uint32_t*>(vtile);
+  const int64_t dk2 = (dk + 1) / 2;
+  if (native) PackQueriesBf16(a, b, rt, mq, qt2);
+#endif
+  if (!native) PackQueries(d, a, b, rt, mq, ktile, qt);
   std::fill(acc, acc + dv * mq, 0.0f);
   InitRowState(a, rt, mq, m, l);
   const KvRows src(a, b, hkv);
@@ -745,9 +877,26 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
     KvTile tile{nullptr, nullptr, 0, 0};
     if (packed.k == nullptr) {
       PrefetchKvTile(a, src, kv_begin + kKeyTile, kKeyTile, kv_end);
-      tile = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
+#if SIMDATTN_NATIVE_BF16
+      if (native) LoadKvTileBf16(a, src, kv_begin, nk, k2, v2);
+#endif
+      if (!native) tile = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
     }
     // S^T: rows are keys (broadcast along the head dim), reduction over Dk.
+#if SIMDATTN_NATIVE_BF16
+    if (native) {  // pairs of head dims, scaled on the way out
+      const int64_t full = nk / kTileRows * kTileRows;
+      PairRows keys;
+      if (packed.k != nullptr) {
+        const uint32_t* pk = reinterpret_cast<const uint32_t*>(packed.k);
+        keys = {pk + kv_begin * dk2, kTileRows * dk2, 1, kTileRows,
+                pk + (kv_begin + full) * dk2, 1, nk - full};
+      } else {
+        keys = {k2, kTileRows * dk2, dk2, 1, k2 + full * dk2, dk2, 1};
+      }
+      DotBf16Rows<false>(cols, nk, keys, qt2, mq, dk2, nullptr, a.scale, st, mq);
+    } else
+#endif
     if (packed.k != nullptr) {
       packed.Scores(d, cols, kv_begin, nk, dk, qt, mq, st);
     } else {
@@ -774,6 +923,33 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
     // plain product adds exact zeros instead (only the sign of a zero output
     // can differ), so the guard runs only where V holds Inf or NaN.
     const bool may_hide = cut_hi || cut_lo || mask_hid;
+#if SIMDATTN_NATIVE_BF16
+    if (native) {
+      if (may_hide && !Bf16ValuesFinite(a, src, kv_begin, nk)) {
+        // Guarded f32 product on the widened tile (see TileGemm's kGuard).
+        WidenRows(d, reinterpret_cast<const uint16_t*>(src.v) + kv_begin * a.v_strides[2],
+                  a.v_strides[2], KvType::kBF16, nk, dv, vtile);
+        TileGemmRows<true, true>(d, cols, dv, vtile, 1, dv, st, mq, nk, scale,
+                                 acc, mq);
+        continue;
+      }
+      // P rounded to bf16 and paired by keys, in place of the scores.
+      WeightsToBf16Pairs(st, nk, mq);
+      const int64_t full = dv / kTileRows * kTileRows;
+      PairRows values;
+      if (packed.k != nullptr) {
+        const uint32_t* pv = reinterpret_cast<const uint32_t*>(packed.v);
+        const int64_t n2 = (packed.keys + 1) / 2, p0 = kv_begin / 2;
+        values = {pv + p0 * kTileRows, kTileRows * n2, 1, kTileRows,
+                  pv + full * n2 + p0 * (dv - full), 1, dv - full};
+      } else {
+        values = {v2, kTileRows, 1, dv, v2 + full, 1, dv};
+      }
+      DotBf16Rows<true>(cols, dv, values, reinterpret_cast<const uint32_t*>(st),
+                        mq, (nk + 1) / 2, scale, 1.0f, acc, mq);
+      continue;
+    }
+#endif
     if (packed.k != nullptr) {
       if (may_hide && !packed.ValuesFinite(d, kv_begin, nk, dv)) {
         packed.Values<true>(d, cols, kv_begin, nk, dv, st, mq, scale, acc);

@@ -21,7 +21,7 @@ size_t ScratchFloats(int64_t head_dim_qk, int64_t head_dim_v) {
 
 void AttentionTaskF32(const AttentionArgsF32& args, int64_t task,
                       float* scratch) {
-  AttentionTaskF32Impl(args, task, scratch);
+  AttentionTaskF32Impl<false>(args, task, scratch);
 }
 
 void CombineTaskF32(const AttentionArgsF32& args, int64_t task) {
@@ -30,7 +30,7 @@ void CombineTaskF32(const AttentionArgsF32& args, int64_t task) {
 
 void PackKv(const AttentionArgsF32& args, int64_t group, float* dst,
             float* scratch) {
-  PackKvImpl(args, group, dst, scratch);
+  PackKvImpl<false>(args, group, dst, scratch);
 }
 
 const TargetKernels* GetTargetKernels() {
@@ -39,6 +39,26 @@ const TargetKernels* GetTargetKernels() {
                                          &PackKv};
   return &kKernels;
 }
+
+#if SIMDATTN_NATIVE_BF16
+// The AVX3_BF16 entry: AVX3's kernels with the native bf16 products.
+void AttentionTaskNativeBf16(const AttentionArgsF32& args, int64_t task,
+                             float* scratch) {
+  AttentionTaskF32Impl<true>(args, task, scratch);
+}
+
+void PackKvNativeBf16(const AttentionArgsF32& args, int64_t group, float* dst,
+                      float* scratch) {
+  PackKvImpl<true>(args, group, dst, scratch);
+}
+
+const TargetKernels* GetNativeBf16Kernels() {
+  static const TargetKernels kKernels = {&QueryBlockRows, &ScratchFloats,
+                                         &AttentionTaskNativeBf16,
+                                         &CombineTaskF32, &PackKvNativeBf16};
+  return &kKernels;
+}
+#endif
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
@@ -65,6 +85,14 @@ const TargetKernels* KernelsForTarget(int64_t target_bit) {
   }
   const auto fn = HWY_DISPATCH_TABLE(GetTargetKernels)[index];
   return fn == nullptr ? nullptr : fn();
+}
+
+const TargetKernels* NativeBf16Kernels() {
+#if SIMDATTN_NATIVE_BF16_COMPILER && (HWY_TARGETS & HWY_AVX3)
+  return N_AVX3::GetNativeBf16Kernels();
+#else
+  return nullptr;
+#endif
 }
 
 }  // namespace simdattn

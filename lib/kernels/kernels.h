@@ -108,6 +108,21 @@ struct TargetKernels {
 // HWY_TARGETS), or null if that target is not compiled in.
 const TargetKernels* KernelsForTarget(int64_t target_bit);
 
+// Whether this compiler builds the native bf16 products (vdpbf16ps, see
+// bf16_dot-inl.h): x86-64 with GCC >= 10 or Clang >= 9.
+#if defined(__x86_64__) &&                                   \
+    ((defined(__clang__) && __clang_major__ >= 9) ||         \
+     (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
+#define SIMDATTN_NATIVE_BF16_COMPILER 1
+#else
+#define SIMDATTN_NATIVE_BF16_COMPILER 0
+#endif
+
+// The AVX3 kernels with the native bf16 products for bf16 Q, K and V (the
+// AVX3_BF16 entry of the dispatch table), or null if not compiled in. The
+// caller checks that the CPU has AVX512_BF16.
+const TargetKernels* NativeBf16Kernels();
+
 // Split (decode) calls keep at most this many key chunks per block.
 constexpr int64_t kMaxSplitChunks = 256;
 
