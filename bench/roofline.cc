@@ -7,6 +7,11 @@
 
 #include "bench/roofline.h"
 #include "hwy/highway.h"
+#include "lib/kernels/kernels.h"
+
+#if SIMDATTN_NATIVE_BF16_COMPILER && HWY_ONCE
+#include <immintrin.h>
+#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace simdattn {
@@ -72,6 +77,28 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace simdattn {
 namespace bench {
+
+#if SIMDATTN_NATIVE_BF16_COMPILER
+// 16 independent chains of vdpbf16ps (latency 5-6 cycles x 2 ports needs
+// 10-12 in flight). The operands are bf16 pairs of 1.0 and 2^-22, so the
+// accumulators stay normal.
+__attribute__((target("avx512f,avx512bf16"))) double DotBf16PeakLoop(
+    int64_t iterations, float* sink) {
+  const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3F803F80);
+  const __m512bh y = (__m512bh)_mm512_set1_epi32(0x34803480);
+  __m512 acc[16];
+  for (int k = 0; k < 16; ++k) acc[k] = _mm512_set1_ps(1.0f + 0.125f * k);
+  for (int64_t i = 0; i < iterations; ++i) {
+    for (int k = 0; k < 16; ++k) acc[k] = _mm512_dpbf16_ps(acc[k], x, y);
+  }
+  __m512 s = acc[0];
+  for (int k = 1; k < 16; ++k) s = _mm512_add_ps(s, acc[k]);
+  *sink = _mm512_reduce_add_ps(s);
+  return 64.0 * 16.0 * static_cast<double>(iterations);
+}
+#else
+double DotBf16PeakLoop(int64_t, float*) { return 0.0; }
+#endif
 
 HWY_EXPORT(FmaPeakLoopImpl);
 HWY_EXPORT(StreamReadImpl);

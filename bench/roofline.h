@@ -15,6 +15,11 @@ namespace bench {
 // every accumulator so the loop cannot be removed.
 double FmaPeakLoop(int64_t iterations, float* sink);
 
+// Runs `iterations` rounds of 16 independent vdpbf16ps (512-bit, counted as
+// 64 flops each); only on a CPU with AVX512_BF16 (the AVX3_BF16 target).
+// Returns the flops, 0 where this compiler cannot build it.
+double DotBf16PeakLoop(int64_t iterations, float* sink);
+
 // Sums n floats (n a multiple of 64) with independent accumulators; returns
 // the sum so the reads cannot be removed.
 float StreamRead(const float* data, size_t n);

@@ -316,6 +316,34 @@ void BenchFmaPeak(benchmark::State& state, int threads) {
   state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsRate);
 }
 
+// roofline/dot_bf16: the vdpbf16ps loop on every thread, where the CPU has
+// AVX512_BF16 (the library's AVX3_BF16 target is available).
+void BenchDotBf16Peak(benchmark::State& state, int threads) {
+  const std::vector<std::string> avail = simdattn::AvailableTargets();
+  if (std::find(avail.begin(), avail.end(), "AVX3_BF16") == avail.end()) {
+    state.SkipWithError("no AVX512_BF16 on this CPU (or not compiled)");
+    return;
+  }
+  simdattn::ThreadPool pool(threads);
+  constexpr int64_t kIterations = 4 << 20;
+  std::vector<float> sinks(size_t(threads) * 16);
+  struct Job {
+    float* sinks;
+    double flops[64];
+  } job{sinks.data(), {}};
+  double flops = 0.0;
+  for (auto _ : state) {
+    pool.ParallelFor(threads, [](void* arg, int64_t i) {
+      Job* j = static_cast<Job*>(arg);
+      j->flops[i] = simdattn::bench::DotBf16PeakLoop(kIterations, j->sinks + i * 16);
+    }, &job);
+    for (int t = 0; t < threads; ++t) flops += job.flops[t];
+  }
+  benchmark::DoNotOptimize(sinks.data());
+  state.SetLabel("AVX3_BF16");
+  state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsRate);
+}
+
 // Streaming read of 1 GiB, split evenly over the pool's threads. The buffer
 // is allocated, advised to huge pages and touched once, outside the loop.
 void BenchReadBandwidth(benchmark::State& state, int threads) {
@@ -554,6 +582,8 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   }
 
   void PrintSummary() const {
+    std::printf("\n%%peak: of roofline/fma_f32 with the same threads (bf16: of "
+                "roofline/dot_bf16 where the CPU has it)");
     std::printf("\n%-9s %-49s %-7s %9s %9s %9s %9s %9s\n", "impl",
                 "dtype/shape/mask/threads", "target", "GFLOP/s", "%peak",
                 "vs oneDNN", "vs naive", "vs f32");
@@ -578,8 +608,13 @@ class SummaryReporter : public benchmark::ConsoleReporter {
         n.replace(a, b - a, other);
         return n;
       };
+      // bf16 against the vdpbf16ps loop where it was measured.
       std::string peak;
-      auto roof = medians_.find("roofline/fma_f32/threads:" + threads);
+      const std::string dtype = name.substr(b + 1, c - b - 1);
+      auto roof = medians_.find("roofline/dot_bf16/threads:" + threads);
+      if (dtype != "bf16" || roof == medians_.end()) {
+        roof = medians_.find("roofline/fma_f32/threads:" + threads);
+      }
       if (roof != medians_.end()) {
         char buf[32];
         std::snprintf(buf, sizeof(buf), "%.0f%%", 100.0 * m.flops / roof->second.flops);
@@ -591,7 +626,6 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       const std::string vs_naive = impl == "simdattn" ? ratio(naive) : "";
       const std::string label = impl == "simdattn" ? m.label : "";
       // 16-bit storage against the same entry in f32 (f16: >= 0.9x wanted).
-      const std::string dtype = name.substr(b + 1, c - b - 1);
       const std::string vs_f32 =
           impl == "simdattn" && dtype != "f32"
               ? ratio(name.substr(0, b + 1) + "f32/" + rest) : "";
@@ -736,6 +770,9 @@ int main(int argc, char** argv) {
     const std::string t = "/threads:" + std::to_string(threads);
     benchmark::RegisterBenchmark(("roofline/fma_f32" + t).c_str(),
                                  [threads](benchmark::State& st) { BenchFmaPeak(st, threads); })
+        ->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("roofline/dot_bf16" + t).c_str(),
+                                 [threads](benchmark::State& st) { BenchDotBf16Peak(st, threads); })
         ->UseRealTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("roofline/read_bw" + t).c_str(),
                                  [threads](benchmark::State& st) { BenchReadBandwidth(st, threads); })
