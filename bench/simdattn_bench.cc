@@ -294,54 +294,47 @@ void BenchOneDnn(benchmark::State& state, const Shape& s, bool causal,
   SetCounters(state, s, causal, -1, bf16 ? 2.0 : 4.0);
 }
 
-// Register-resident FMAs on every thread of the pool: the f32 peak.
-void BenchFmaPeak(benchmark::State& state, int threads) {
+// A register-resident peak loop (flops returned per call) on every thread
+// of the pool, counted as one FLOPS rate.
+void BenchPeakLoop(benchmark::State& state, int threads,
+                   double (*loop)(int64_t iterations, float* sink),
+                   const char* label) {
   simdattn::ThreadPool pool(threads);
   constexpr int64_t kIterations = 4 << 20;
   std::vector<float> sinks(size_t(threads) * 16);
   struct Job {
+    double (*loop)(int64_t, float*);
     float* sinks;
     double flops[64];
-  } job{sinks.data(), {}};
+  } job{loop, sinks.data(), {}};
   double flops = 0.0;
   for (auto _ : state) {
     pool.ParallelFor(threads, [](void* arg, int64_t i) {
       Job* j = static_cast<Job*>(arg);
-      j->flops[i] = simdattn::bench::FmaPeakLoop(kIterations, j->sinks + i * 16);
+      j->flops[i] = j->loop(kIterations, j->sinks + i * 16);
     }, &job);
     for (int t = 0; t < threads; ++t) flops += job.flops[t];
   }
   benchmark::DoNotOptimize(sinks.data());
-  state.SetLabel(simdattn::bench::RooflineTarget());
+  state.SetLabel(label);
   state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsRate);
 }
 
-// roofline/dot_bf16: the vdpbf16ps loop on every thread, where the CPU has
-// AVX512_BF16 (the library's AVX3_BF16 target is available).
+// roofline/fma_f32: f32 FMAs on the widest vectors, the f32 peak.
+void BenchFmaPeak(benchmark::State& state, int threads) {
+  BenchPeakLoop(state, threads, &simdattn::bench::FmaPeakLoop,
+                simdattn::bench::RooflineTarget());
+}
+
+// roofline/dot_bf16: the vdpbf16ps loop, where the CPU has AVX512_BF16 (the
+// library's AVX3_BF16 target is available).
 void BenchDotBf16Peak(benchmark::State& state, int threads) {
   const std::vector<std::string> avail = simdattn::AvailableTargets();
   if (std::find(avail.begin(), avail.end(), "AVX3_BF16") == avail.end()) {
     state.SkipWithError("no AVX512_BF16 on this CPU (or not compiled)");
     return;
   }
-  simdattn::ThreadPool pool(threads);
-  constexpr int64_t kIterations = 4 << 20;
-  std::vector<float> sinks(size_t(threads) * 16);
-  struct Job {
-    float* sinks;
-    double flops[64];
-  } job{sinks.data(), {}};
-  double flops = 0.0;
-  for (auto _ : state) {
-    pool.ParallelFor(threads, [](void* arg, int64_t i) {
-      Job* j = static_cast<Job*>(arg);
-      j->flops[i] = simdattn::bench::DotBf16PeakLoop(kIterations, j->sinks + i * 16);
-    }, &job);
-    for (int t = 0; t < threads; ++t) flops += job.flops[t];
-  }
-  benchmark::DoNotOptimize(sinks.data());
-  state.SetLabel("AVX3_BF16");
-  state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsRate);
+  BenchPeakLoop(state, threads, &simdattn::bench::DotBf16PeakLoop, "AVX3_BF16");
 }
 
 // Streaming read of 1 GiB, split evenly over the pool's threads. The buffer
