@@ -608,6 +608,10 @@ TEST(CliTest, InfoListsTargets) {
   EXPECT_NE(r.out.find("selected target: " + test::ExpectedDefaultTarget() + "\n"),
             std::string::npos)
       << r.out;
+  // A CPU that has AVX3_BF16 without choosing it is told how to name it.
+  EXPECT_EQ(r.out.find("SIMDATTN_MAX_TARGET=AVX3_BF16") != std::string::npos,
+            test::ExpectedDefaultTarget() != available.front())
+      << r.out;
 #if defined(__x86_64__)
   // Every x86-64 CPU has SSE2, and /proc/cpuinfo lists it.
   if (std::ifstream("/proc/cpuinfo")) {

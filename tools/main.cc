@@ -121,6 +121,12 @@ int PrintInfo() {
     return Error(s.message);
   }
   std::cout << "selected target: " << selected << std::endl;
+  const std::vector<std::string> available = AvailableTargets();
+  if ((env == nullptr || env[0] == '\0') && !available.empty() &&
+      available.front() == "AVX3_BF16" && selected != "AVX3_BF16") {
+    std::cout << "note: AVX3_BF16 (native bf16 products) runs on this CPU only "
+                 "when named: SIMDATTN_MAX_TARGET=AVX3_BF16" << std::endl;
+  }
   return 0;
 }
 

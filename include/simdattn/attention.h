@@ -226,7 +226,8 @@ SIMDATTN_API Status Attention(const TensorView& q, const TensorView& k,
 // ---------------------------------------------------------------- Targets
 
 // Code paths compiled into this build that this CPU can run, best first
-// (Highway's order of preference), e.g. {"AVX3_DL", "AVX3", ..., "SCALAR"}.
+// (Highway's order of preference, after our own AVX3_BF16), e.g.
+// {"AVX3_DL", "AVX3", ..., "SCALAR"}.
 SIMDATTN_API std::vector<std::string> AvailableTargets();
 // Every code path compiled into this build, best first, whether or not this
 // CPU can run it.
@@ -237,6 +238,9 @@ SIMDATTN_API std::vector<std::string> CompiledTargets();
 // the cap set here and goes back to the environment variable
 // SIMDATTN_MAX_TARGET (read at each call). kInvalidArgument for a name that is
 // not a target of this architecture; the cap is then unchanged.
+// One exception to "best available": AVX3_BF16 (native bf16 products) runs
+// without being named only on AMD CPUs; elsewhere (Intel, where vdpbf16ps
+// measured slower than the f32 FMAs) only a cap naming it selects it.
 SIMDATTN_API Status SetMaxTarget(const char* name);
 
 // The target the next call will run, after caps; an error when the cap from
