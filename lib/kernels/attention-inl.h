@@ -855,9 +855,10 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
   // products take pairs of head dims, unscaled (PackQueriesBf16).
   const bool native = NativeBf16<kNative>(a);
 #if SIMDATTN_NATIVE_BF16
-  uint32_t* HWY_RESTRICT qt2 = reinterpret_cast<uint32_t*>(qt);
-  uint32_t* HWY_RESTRICT k2 = reinterpret_cast<uint32_t*>(ktile);
-  uint32_t* HWY_RESTRICT v2 = reinterpret_cast<uint32_t*>(vtile);
+  // The same scratch as qt / ktile / vtile, as bf16 pairs.
+  uint32_t* qt2 = reinterpret_cast<uint32_t*>(qt);
+  uint32_t* k2 = reinterpret_cast<uint32_t*>(ktile);
+  uint32_t* v2 = reinterpret_cast<uint32_t*>(vtile);
   const int64_t dk2 = (dk + 1) / 2;
   if (native) PackQueriesBf16(a, b, rt, mq, qt2);
 #endif

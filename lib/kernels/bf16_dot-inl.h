@@ -25,7 +25,6 @@
 #endif
 
 #include <cstdint>
-#include <type_traits>
 
 #include "hwy/highway.h"
 #include "lib/kernels/kernels.h"
@@ -105,37 +104,48 @@ SIMDATTN_BF16_TARGET HWY_INLINE void TileDotBf16(
   }
 }
 
-// TileDotBf16 over `rows` rows of `b` and `cols` vectors of queries (1, or
-// an even number, run two at a time with the pair outermost, as
-// ForEachVectorPair does for the f32 tiles).
+// TileDotBf16 over `rows` rows of `b` for kCols query vectors starting at
+// vector c0. (A named function, not a lambda: Clang gives a lambda none of
+// its enclosing function's target attributes.)
+template <int kCols, bool kAccumulate>
+SIMDATTN_BF16_TARGET HWY_INLINE void DotBf16Cols(
+    int64_t c0, int64_t rows, const PairRows& b, const uint32_t* HWY_RESTRICT a,
+    int64_t a_t, int64_t n, const float* HWY_RESTRICT scale, float out_scale,
+    float* HWY_RESTRICT out, int64_t out_row) {
+  const int64_t full = rows / kTileRows * kTileRows;
+  const uint32_t* ac = a + 16 * c0;
+  const float* sc = scale != nullptr ? scale + 16 * c0 : nullptr;
+  float* oc = out + 16 * c0;
+  const uint32_t* g = b.first;
+  for (int64_t r = 0; r < full; r += kTileRows, g += b.group) {
+    TileDotBf16<kTileRows, kCols, kAccumulate>(g, b.row, b.t, ac, a_t, n, sc,
+                                               out_scale, oc + r * out_row,
+                                               out_row);
+  }
+  for (int64_t i = 0; full + i < rows; ++i) {
+    TileDotBf16<1, kCols, kAccumulate>(b.tail + i * b.tail_row, 0, b.tail_t,
+                                       ac, a_t, n, sc, out_scale,
+                                       oc + (full + i) * out_row, out_row);
+  }
+}
+
+// DotBf16Cols over `cols` vectors of queries: 1, or an even number run two
+// at a time with the pair outermost (as ForEachVectorPair does for the f32
+// tiles).
 template <bool kAccumulate>
 SIMDATTN_BF16_TARGET HWY_NOINLINE void DotBf16Rows(
     int cols, int64_t rows, const PairRows& b, const uint32_t* HWY_RESTRICT a,
     int64_t a_t, int64_t n, const float* HWY_RESTRICT scale, float out_scale,
     float* HWY_RESTRICT out, int64_t out_row) {
-  const int64_t full = rows / kTileRows * kTileRows;
-  auto run = [&](auto k, int64_t c) {
-    constexpr int kC = decltype(k)::value;
-    const uint32_t* ac = a + 16 * c;
-    const float* sc = scale != nullptr ? scale + 16 * c : nullptr;
-    float* oc = out + 16 * c;
-    const uint32_t* g = b.first;
-    for (int64_t r = 0; r < full; r += kTileRows, g += b.group) {
-      TileDotBf16<kTileRows, kC, kAccumulate>(g, b.row, b.t, ac, a_t, n, sc,
-                                              out_scale, oc + r * out_row,
-                                              out_row);
-    }
-    for (int64_t i = 0; full + i < rows; ++i) {
-      TileDotBf16<1, kC, kAccumulate>(b.tail + i * b.tail_row, 0, b.tail_t,
-                                      ac, a_t, n, sc, out_scale,
-                                      oc + (full + i) * out_row, out_row);
-    }
-  };
   if (cols == 1) {
-    run(std::integral_constant<int, 1>(), 0);
+    DotBf16Cols<1, kAccumulate>(0, rows, b, a, a_t, n, scale, out_scale, out,
+                                out_row);
     return;
   }
-  for (int64_t c = 0; c < cols; c += 2) run(std::integral_constant<int, 2>(), c);
+  for (int64_t c = 0; c < cols; c += 2) {
+    DotBf16Cols<2, kAccumulate>(c, rows, b, a, a_t, n, scale, out_scale, out,
+                                out_row);
+  }
 }
 
 // The weights of a score tile (f32, [nk][mq], keys as rows) rounded to bf16
