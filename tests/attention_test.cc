@@ -1264,11 +1264,15 @@ TEST(KvTypeTest, Bf16QueriesKeysAndValuesWithEveryOption) {
 
 // Inf and NaN in the bf16 V rows of keys that a causal mask hides stay out
 // of the rows that do not see them (the native path falls back to the
-// guarded f32 product on such tiles) and reach the rows that do.
+// guarded f32 product on such tiles) and reach the rows that do. Two query
+// heads share the KV head, so the group has two 64-row blocks on AVX-512 and
+// kAlways packs K/V.
 TEST(KvTypeTest, Bf16HiddenInfAndNanDoNotLeak) {
   Case c;
   c.q_dtype = DType::kBF16;
   c.kv_dtype = DType::kBF16;
+  c.q_heads = 2;
+  c.kv_heads = 1;
   c.q_len = 40;
   c.kv_len = 40;
   c.dk = 8;
@@ -1283,10 +1287,12 @@ TEST(KvTypeTest, Bf16HiddenInfAndNanDoNotLeak) {
       SCOPED_TRACE(target);
       const Outputs out = RunFast(c, in, target);
       ASSERT_TRUE(out.status.ok()) << out.status.message;
-      for (int64_t i = 0; i < 40; ++i) {
-        EXPECT_EQ(std::isinf(out.o.Get(0, 0, i, 3)), i >= 30) << i;
-        EXPECT_EQ(std::isnan(out.o.Get(0, 0, i, 5)), i >= 35) << i;
-        EXPECT_TRUE(std::isfinite(out.o.Get(0, 0, i, 0))) << i;
+      for (int64_t h = 0; h < 2; ++h) {
+        for (int64_t i = 0; i < 40; ++i) {
+          EXPECT_EQ(std::isinf(out.o.Get(0, h, i, 3)), i >= 30) << h << " " << i;
+          EXPECT_EQ(std::isnan(out.o.Get(0, h, i, 5)), i >= 35) << h << " " << i;
+          EXPECT_TRUE(std::isfinite(out.o.Get(0, h, i, 0))) << h << " " << i;
+        }
       }
     }
   }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "lib/kernels/kernels.h"
 #include "simdattn/attention.h"
 #include "tests/test_util.h"
 
@@ -295,7 +296,11 @@ TEST(TargetTest, NativeBf16EntryFollowsTheCpu) {
 #if defined(__x86_64__)
   const std::vector<std::string> compiled = CompiledTargets();
   ASSERT_FALSE(compiled.empty());
-  EXPECT_EQ(compiled.front(), "AVX3_BF16");
+  // Built wherever the compiler can and Highway's AVX3 target is compiled.
+  const bool avx3 = std::find(compiled.begin(), compiled.end(), "AVX3") != compiled.end();
+  if (SIMDATTN_NATIVE_BF16_COMPILER && avx3) {
+    EXPECT_EQ(compiled.front(), "AVX3_BF16");
+  }
   std::ifstream cpuinfo("/proc/cpuinfo");
   if (!cpuinfo) GTEST_SKIP() << "no /proc/cpuinfo to compare with";
   std::string line;
