@@ -353,6 +353,14 @@ HWY_INLINE bool NativeBf16(const AttentionArgsF32& a) {
 }
 
 #if SIMDATTN_NATIVE_BF16
+// One K row (dk bf16 values) as ceil(dk / 2) pairs; an odd dk's last pair
+// gets a zero upper half.
+inline void KeyRowPairs(const uint16_t* HWY_RESTRICT row, int64_t dk,
+                        uint32_t* HWY_RESTRICT pairs) {
+  pairs[(dk + 1) / 2 - 1] = 0;
+  std::memcpy(pairs, row, static_cast<size_t>(dk) * sizeof(uint16_t));
+}
+
 // PackedKv's layout for the native products, in bf16 pairs (u32). With
 // T = kTileRows, n = the group's valid keys, Dk2 = ceil(Dk / 2) and
 // n2 = ceil(n / 2):
@@ -378,11 +386,8 @@ inline void PackKvBf16(const AttentionArgsF32& a, int64_t group,
   const uint16_t* v = reinterpret_cast<const uint16_t*>(src.v);
   for (int64_t j0 = 0; j0 < n; j0 += T) {
     const int64_t w = std::min(T, n - j0);
-    for (int64_t r = 0; r < w; ++r) {  // key j0 + r as pairs, odd dk padded
-      uint32_t* row = scratch + r * dk2;
-      row[dk2 - 1] = 0;
-      std::memcpy(row, k + (j0 + r) * a.k_strides[2],
-                  static_cast<size_t>(dk) * sizeof(uint16_t));
+    for (int64_t r = 0; r < w; ++r) {
+      KeyRowPairs(k + (j0 + r) * a.k_strides[2], dk, scratch + r * dk2);
     }
     uint32_t* HWY_RESTRICT out = dst + j0 * dk2;
     for (int64_t p = 0; p < dk2; ++p) {
@@ -427,10 +432,7 @@ inline void LoadKvTileBf16(const AttentionArgsF32& a, const KvRows& src,
   const int64_t dk = a.head_dim_qk, dk2 = (dk + 1) / 2;
   const uint16_t* k = reinterpret_cast<const uint16_t*>(src.k);
   for (int64_t j = 0; j < nk; ++j) {
-    uint32_t* row = k2 + j * dk2;
-    row[dk2 - 1] = 0;
-    std::memcpy(row, k + (kv_begin + j) * a.k_strides[2],
-                static_cast<size_t>(dk) * sizeof(uint16_t));
+    KeyRowPairs(k + (kv_begin + j) * a.k_strides[2], dk, k2 + j * dk2);
   }
   PairValueRows(reinterpret_cast<const uint16_t*>(src.v) + kv_begin * a.v_strides[2],
                 a.v_strides[2], nk, a.head_dim_v, v2);
