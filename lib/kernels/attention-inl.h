@@ -407,6 +407,36 @@ inline void PackKvBf16(const AttentionArgsF32& a, int64_t group,
   }
 }
 
+// Where the native products read keys [j0, j0 + nk) in the layout above
+// (j0 % kTileRows == 0; nk a multiple of kTileRows or ending at n), as the
+// broadcast rows of Q·Kᵀ and, for P·V, the value dims over the key pairs
+// starting at j0 / 2 (j0 is even).
+inline PairRows PackedKeyPairs(const PackedKv& p, int64_t j0, int64_t nk,
+                               int64_t dk2) {
+  const uint32_t* k = reinterpret_cast<const uint32_t*>(p.k);
+  const int64_t full = nk / kTileRows * kTileRows;
+  return {k + j0 * dk2, kTileRows * dk2, 1, kTileRows,
+          k + (j0 + full) * dk2, 1, nk - full};
+}
+inline PairRows PackedValuePairs(const PackedKv& p, int64_t j0, int64_t dv) {
+  const uint32_t* v = reinterpret_cast<const uint32_t*>(p.v);
+  const int64_t full = dv / kTileRows * kTileRows;
+  const int64_t n2 = (p.keys + 1) / 2, p0 = j0 / 2;
+  return {v + p0 * kTileRows, kTileRows * n2, 1, kTileRows,
+          v + full * n2 + p0 * (dv - full), 1, dv - full};
+}
+
+// The same for a tile read in place (LoadKvTileBf16): K as [nk][Dk2],
+// V pairs as [ceil(nk / 2)][Dv].
+inline PairRows TileKeyPairs(const uint32_t* k2, int64_t nk, int64_t dk2) {
+  const int64_t full = nk / kTileRows * kTileRows;
+  return {k2, kTileRows * dk2, dk2, 1, k2 + full * dk2, dk2, 1};
+}
+inline PairRows TileValuePairs(const uint32_t* v2, int64_t dv) {
+  const int64_t full = dv / kTileRows * kTileRows;
+  return {v2, kTileRows, 1, dv, v2 + full, 1, dv};
+}
+
 // qt2[p * mq + r] = the pair of head dims 2p, 2p + 1 of row r's query, as
 // stored (bf16, unscaled: the scores are scaled in f32 afterwards).
 inline void PackQueriesBf16(const AttentionArgsF32& a, int64_t b,
@@ -888,15 +918,9 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
     // S^T: rows are keys (broadcast along the head dim), reduction over Dk.
 #if SIMDATTN_NATIVE_BF16
     if (native) {  // pairs of head dims, scaled on the way out
-      const int64_t full = nk / kTileRows * kTileRows;
-      PairRows keys;
-      if (packed.k != nullptr) {
-        const uint32_t* pk = reinterpret_cast<const uint32_t*>(packed.k);
-        keys = {pk + kv_begin * dk2, kTileRows * dk2, 1, kTileRows,
-                pk + (kv_begin + full) * dk2, 1, nk - full};
-      } else {
-        keys = {k2, kTileRows * dk2, dk2, 1, k2 + full * dk2, dk2, 1};
-      }
+      const PairRows keys = packed.k != nullptr
+                                ? PackedKeyPairs(packed, kv_begin, nk, dk2)
+                                : TileKeyPairs(k2, nk, dk2);
       DotBf16Rows<false>(cols, nk, keys, qt2, mq, dk2, nullptr, a.scale, st, mq);
     } else
 #endif
@@ -938,16 +962,9 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
       }
       // P rounded to bf16 and paired by keys, in place of the scores.
       WeightsToBf16Pairs(st, nk, mq);
-      const int64_t full = dv / kTileRows * kTileRows;
-      PairRows values;
-      if (packed.k != nullptr) {
-        const uint32_t* pv = reinterpret_cast<const uint32_t*>(packed.v);
-        const int64_t n2 = (packed.keys + 1) / 2, p0 = kv_begin / 2;
-        values = {pv + p0 * kTileRows, kTileRows * n2, 1, kTileRows,
-                  pv + full * n2 + p0 * (dv - full), 1, dv - full};
-      } else {
-        values = {v2, kTileRows, 1, dv, v2 + full, 1, dv};
-      }
+      const PairRows values = packed.k != nullptr
+                                  ? PackedValuePairs(packed, kv_begin, dv)
+                                  : TileValuePairs(v2, dv);
       DotBf16Rows<true>(cols, dv, values, reinterpret_cast<const uint32_t*>(st),
                         mq, (nk + 1) / 2, scale, 1.0f, acc, mq);
       continue;
