@@ -1389,8 +1389,10 @@ TEST(DecodeTest, EveryOptionOnTheDecodePath) {
       c.kv_heads = kv_heads;
       c.q_len = 1;
       c.kv_len = lk;
-      c.dk = 72;
-      c.dv = 136;
+      // Head dims read at run time, and the ones the decode path fixes at
+      // compile time (128).
+      c.dk = kv_heads == 2 ? 72 : 128;
+      c.dv = kv_heads == 2 ? 136 : 128;
       c.layout = which % 2 ? Layout::kBSHD : Layout::kBHSD;
       c.options.alignment = Alignment::kBottomRight;
       switch (which) {
@@ -1432,34 +1434,37 @@ TEST(DecodeTest, EveryOptionOnTheDecodePath) {
 // hold Inf/NaN and the outputs of the heads that cannot see them stay
 // finite, while the head that sees one Inf row gets a non-finite output.
 TEST(DecodeTest, HiddenInfInValueDoesNotLeak) {
-  Case c;
-  c.kv_dtype = DType::kF16;
-  c.q_heads = 4;
-  c.kv_heads = 1;
-  c.q_len = 1;
-  c.kv_len = 1100;
-  c.dk = 64;
-  c.dv = 64;
-  Inputs in = MakeInputs(c, 4400);
-  for (int64_t j = 600; j < 900; ++j) {
-    in.v.Set(0, 0, j, j % 64, j % 2 ? std::numeric_limits<float>::quiet_NaN()
-                                     : std::numeric_limits<float>::infinity());
-  }
-  // Heads 0-2 see no key in [600, 900) (whole tiles hidden, and tiles
-  // partly hidden); head 3 sees key 700 (V row: Inf in lane 700 % 64).
-  Tensor mask(DType::kBool, 1, 4, 1, 1100);
-  for (int64_t h = 0; h < 4; ++h)
-    for (int64_t j = 0; j < 1100; ++j)
-      mask.Set(0, h, 0, j, (j >= 600 && j < 900 && !(h == 3 && j == 700)) ? 0.0f : 1.0f);
-  c.options.mask = mask.View();
-  for (const std::string& target : AvailableTargets()) {
-    SCOPED_TRACE(target);
-    const Outputs out = RunFast(c, in, target);
-    ASSERT_TRUE(out.status.ok()) << out.status.message;
-    for (int64_t h = 0; h < 4; ++h) {
-      for (int64_t e = 0; e < 64; ++e) {
-        const bool finite = std::isfinite(out.o.Get(0, h, 0, e));
-        EXPECT_EQ(finite, h < 3 || e != 700 % 64) << "head " << h << " lane " << e;
+  for (int64_t dim : {64, 128}) {  // 128: the decode path's compile-time dims
+    SCOPED_TRACE(testing::Message() << "head dim " << dim);
+    Case c;
+    c.kv_dtype = DType::kF16;
+    c.q_heads = 4;
+    c.kv_heads = 1;
+    c.q_len = 1;
+    c.kv_len = 1100;
+    c.dk = dim;
+    c.dv = dim;
+    Inputs in = MakeInputs(c, 4400);
+    for (int64_t j = 600; j < 900; ++j) {
+      in.v.Set(0, 0, j, j % dim, j % 2 ? std::numeric_limits<float>::quiet_NaN()
+                                        : std::numeric_limits<float>::infinity());
+    }
+    // Heads 0-2 see no key in [600, 900) (whole tiles hidden, and tiles
+    // partly hidden); head 3 sees key 700 (V row: Inf in lane 700 % dim).
+    Tensor mask(DType::kBool, 1, 4, 1, 1100);
+    for (int64_t h = 0; h < 4; ++h)
+      for (int64_t j = 0; j < 1100; ++j)
+        mask.Set(0, h, 0, j, (j >= 600 && j < 900 && !(h == 3 && j == 700)) ? 0.0f : 1.0f);
+    c.options.mask = mask.View();
+    for (const std::string& target : AvailableTargets()) {
+      SCOPED_TRACE(target);
+      const Outputs out = RunFast(c, in, target);
+      ASSERT_TRUE(out.status.ok()) << out.status.message;
+      for (int64_t h = 0; h < 4; ++h) {
+        for (int64_t e = 0; e < dim; ++e) {
+          const bool finite = std::isfinite(out.o.Get(0, h, 0, e));
+          EXPECT_EQ(finite, h < 3 || e != 700 % dim) << "head " << h << " lane " << e;
+        }
       }
     }
   }
