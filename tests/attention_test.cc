@@ -1389,8 +1389,7 @@ TEST(DecodeTest, EveryOptionOnTheDecodePath) {
       c.kv_heads = kv_heads;
       c.q_len = 1;
       c.kv_len = lk;
-      // Head dims read at run time, and the ones the decode path fixes at
-      // compile time (128).
+      // Head dims off the vector grid, and the usual 128.
       c.dk = kv_heads == 2 ? 72 : 128;
       c.dv = kv_heads == 2 ? 136 : 128;
       c.layout = which % 2 ? Layout::kBSHD : Layout::kBHSD;
@@ -1434,7 +1433,7 @@ TEST(DecodeTest, EveryOptionOnTheDecodePath) {
 // hold Inf/NaN and the outputs of the heads that cannot see them stay
 // finite, while the head that sees one Inf row gets a non-finite output.
 TEST(DecodeTest, HiddenInfInValueDoesNotLeak) {
-  for (int64_t dim : {64, 128}) {  // 128: the decode path's compile-time dims
+  for (int64_t dim : {64, 128}) {
     SCOPED_TRACE(testing::Message() << "head dim " << dim);
     Case c;
     c.kv_dtype = DType::kF16;

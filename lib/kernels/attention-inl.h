@@ -693,24 +693,24 @@ HWY_INLINE void DecodeTiles(const AttentionArgsF32& a, const KvRows& src,
     if (!in_registers) {  // widened tile by tile: prefetch the next whole
       PrefetchKvTile(a, src, kv_begin + kKeyTile, kKeyTile, kv_end);
       const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
-      DecodeTileDims<0>(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk,
-                        0, s, m, l, orow, *mods);
+      DecodeTile<0>(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk, 0,
+                    s, m, l, orow, *mods);
       continue;
     }
     if (src.type == KvType::kF32) {
       const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
-      DecodeTileDims<0>(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk,
-                        prefetch_end, s, m, l, orow, *mods);
+      DecodeTile<0>(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk,
+                    prefetch_end, s, m, l, orow, *mods);
       continue;
     }
     const uint16_t* k16 = reinterpret_cast<const uint16_t*>(src.k) + kv_begin * ks;
     const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.v) + kv_begin * vs;
     if (src.type == KvType::kF16) {
-      DecodeTileDims<1>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk,
-                        prefetch_end, s, m, l, orow, *mods);
+      DecodeTile<1>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk, prefetch_end,
+                    s, m, l, orow, *mods);
     } else {
-      DecodeTileDims<2>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk,
-                        prefetch_end, s, m, l, orow, *mods);
+      DecodeTile<2>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk, prefetch_end,
+                    s, m, l, orow, *mods);
     }
   }
 }

@@ -211,15 +211,12 @@ HWY_INLINE void StoreSums4(D d, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out)
 #endif
 
 // Scores of up to 4 rows (kRows) against the tile's keys into s[r * nk + j].
-// kDim > 0: dk is kDim (a head dimension known at compile time, so the loops
-// over it unroll and keep their pointers in registers). `pf` takes one step
-// per iteration of the inner loop.
-template <int kRows, int kKv, int kDim, class D>
-HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk_arg,
+// `pf` takes one step per iteration of the inner loop.
+template <int kRows, int kKv, class D>
+HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
                              const KvElem<kKv>* HWY_RESTRICT k, int64_t k_row,
                              int64_t nk, TilePrefetch& pf,
                              float* HWY_RESTRICT s) {
-  const int64_t dk = kDim > 0 ? kDim : dk_arg;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t dk_vec = dk / N * N;
   int64_t j = 0;
@@ -367,18 +364,17 @@ HWY_NOINLINE void DecodeValuesGuarded(D d, const float* HWY_RESTRICT p,
 
 // o[r] = scale[r] * o[r] + sum_j p[r * nk + j] * v_j for up to 4 rows; 4
 // output vectors per row in registers, then the head-dim tail in scalar code.
-// kDim > 0: dv is kDim. `pf` takes one step per key and group of columns.
+// `pf` takes one step per key and group of columns.
 // kMayHide: some weight may be +0.0 for a hidden key, whose V row must take
 // no part (0 * Inf would be NaN). The plain product runs first; only if its
 // result is not finite is it redone skipping +0.0 weights (dropped keys are
 // -0.0 and still take part, as in the reference).
-template <int kRows, int kKv, int kDim, bool kMayHide, class D>
+template <int kRows, int kKv, bool kMayHide, class D>
 HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
                              const KvElem<kKv>* HWY_RESTRICT v, int64_t v_row,
-                             int64_t dv_arg, TilePrefetch& pf,
+                             int64_t dv, TilePrefetch& pf,
                              const float* HWY_RESTRICT scale,
                              float* HWY_RESTRICT o) {
-  const int64_t dv = kDim > 0 ? kDim : dv_arg;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   int64_t e = 0;
   for (; e + 4 * N <= dv; e += 4 * N) {
@@ -410,17 +406,17 @@ HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
 #undef SIMDATTN_PV_ROW
 #undef SIMDATTN_LOAD_O
 
-template <int kKv, int kDim, bool kMayHide, class D>
+template <int kKv, bool kMayHide, class D>
 HWY_INLINE void DecodeValuesRows(D d, int64_t n, const float* HWY_RESTRICT p,
                                  int64_t nk, const KvElem<kKv>* HWY_RESTRICT v,
                                  int64_t v_row, int64_t dv, TilePrefetch& pf,
                                  const float* HWY_RESTRICT scale,
                                  float* HWY_RESTRICT o) {
   switch (n) {
-    case 4: DecodeValues<4, kKv, kDim, kMayHide>(d, p, nk, v, v_row, dv, pf, scale, o); break;
-    case 3: DecodeValues<3, kKv, kDim, kMayHide>(d, p, nk, v, v_row, dv, pf, scale, o); break;
-    case 2: DecodeValues<2, kKv, kDim, kMayHide>(d, p, nk, v, v_row, dv, pf, scale, o); break;
-    default: DecodeValues<1, kKv, kDim, kMayHide>(d, p, nk, v, v_row, dv, pf, scale, o); break;
+    case 4: DecodeValues<4, kKv, kMayHide>(d, p, nk, v, v_row, dv, pf, scale, o); break;
+    case 3: DecodeValues<3, kKv, kMayHide>(d, p, nk, v, v_row, dv, pf, scale, o); break;
+    case 2: DecodeValues<2, kKv, kMayHide>(d, p, nk, v, v_row, dv, pf, scale, o); break;
+    default: DecodeValues<1, kKv, kMayHide>(d, p, nk, v, v_row, dv, pf, scale, o); break;
   }
 }
 
@@ -435,20 +431,17 @@ struct NoDecodeMods {
 // One tile for `rows` rows (any count): scores, online softmax, values.
 // K/V rows below `prefetch_end` (counted from the tile's first; 0 for none)
 // exist: those of the next tile are prefetched while this one computes.
-// kDim > 0: dk = dv = kDim (see DecodeScores).
 // Mods (NoDecodeMods's interface) changes block row r's scores of the tile
 // before the softmax (Scores) and its weights after it (Weights); may_hide()
 // says whether some key of the tile may be hidden from a row.
-template <int kKv, int kDim = 0, class D, class Mods = NoDecodeMods>
+template <int kKv, class D, class Mods = NoDecodeMods>
 HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
-                           int64_t dk_arg, const KvElem<kKv>* HWY_RESTRICT k,
+                           int64_t dk, const KvElem<kKv>* HWY_RESTRICT k,
                            int64_t k_row, const KvElem<kKv>* HWY_RESTRICT v,
-                           int64_t v_row, int64_t dv_arg, int64_t nk,
+                           int64_t v_row, int64_t dv, int64_t nk,
                            int64_t prefetch_end, float* HWY_RESTRICT s,
                            float* HWY_RESTRICT m, float* HWY_RESTRICT l,
                            float* HWY_RESTRICT o, const Mods& mods = Mods()) {
-  const int64_t dk = kDim > 0 ? kDim : dk_arg;
-  const int64_t dv = kDim > 0 ? kDim : dv_arg;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const float neg_inf = -std::numeric_limits<float>::infinity();
   // The next tile (up to nk rows), over the steps of every row group: one
@@ -465,10 +458,10 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
     const float* qr = q + r0 * dk;
     float scale[4];  // per row: factor of the output so far (online softmax)
     switch (n) {
-      case 4: DecodeScores<4, kKv, kDim>(d, qr, dk, k, k_row, nk, pf, s); break;
-      case 3: DecodeScores<3, kKv, kDim>(d, qr, dk, k, k_row, nk, pf, s); break;
-      case 2: DecodeScores<2, kKv, kDim>(d, qr, dk, k, k_row, nk, pf, s); break;
-      default: DecodeScores<1, kKv, kDim>(d, qr, dk, k, k_row, nk, pf, s); break;
+      case 4: DecodeScores<4, kKv>(d, qr, dk, k, k_row, nk, pf, s); break;
+      case 3: DecodeScores<3, kKv>(d, qr, dk, k, k_row, nk, pf, s); break;
+      case 2: DecodeScores<2, kKv>(d, qr, dk, k, k_row, nk, pf, s); break;
+      default: DecodeScores<1, kKv>(d, qr, dk, k, k_row, nk, pf, s); break;
     }
     // Online softmax per row (the recurrence of online_softmax-inl.h).
     for (int64_t t = 0; t < n; ++t) {
@@ -517,31 +510,10 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
     }
     float* orows = o + r0 * dv;
     if (mods.may_hide()) {
-      DecodeValuesRows<kKv, kDim, true>(d, n, s, nk, v, v_row, dv, pf, scale, orows);
+      DecodeValuesRows<kKv, true>(d, n, s, nk, v, v_row, dv, pf, scale, orows);
     } else {
-      DecodeValuesRows<kKv, kDim, false>(d, n, s, nk, v, v_row, dv, pf, scale, orows);
+      DecodeValuesRows<kKv, false>(d, n, s, nk, v, v_row, dv, pf, scale, orows);
     }
-  }
-}
-
-// DecodeTile with the head dimensions as compile-time constants where they
-// are the common decode size (dk = dv = 128: Llama, Mistral, Qwen), which
-// measured about 15-25% faster at Lk 16384 than with them read at run time
-// (the loops over Dk unroll and their row pointers stay in registers).
-template <int kKv, class D, class Mods = NoDecodeMods>
-HWY_INLINE void DecodeTileDims(D d, int64_t rows, const float* HWY_RESTRICT q,
-                               int64_t dk, const KvElem<kKv>* HWY_RESTRICT k,
-                               int64_t k_row, const KvElem<kKv>* HWY_RESTRICT v,
-                               int64_t v_row, int64_t dv, int64_t nk,
-                               int64_t prefetch_end, float* HWY_RESTRICT s,
-                               float* HWY_RESTRICT m, float* HWY_RESTRICT l,
-                               float* HWY_RESTRICT o, const Mods& mods = Mods()) {
-  if (dk == 128 && dv == 128) {
-    DecodeTile<kKv, 128>(d, rows, q, dk, k, k_row, v, v_row, dv, nk,
-                         prefetch_end, s, m, l, o, mods);
-  } else {
-    DecodeTile<kKv, 0>(d, rows, q, dk, k, k_row, v, v_row, dv, nk,
-                       prefetch_end, s, m, l, o, mods);
   }
 }
 
