@@ -72,7 +72,7 @@ HWY_INLINE hn::VFromD<D> LoadKv(D d, const KvElem<kKv>* HWY_RESTRICT p) {
 // rows ahead of its use, in bursts of a whole row, where perf showed the
 // core stalled on the prefetch instructions once the fill buffers were
 // taken (a third of the decode samples). In one process, 1 thread, D128,
-// 4 rows, 131072 keys from memory (AVX-512 Xeon VM): +5-18% for f32, f16
+// 4 rows, 131072 keys from memory (AVX-512 Xeon VM): +4-18% for f32, f16
 // and bf16 K/V. Hints T0 and T2 measured the same as T1; issuing the lines
 // faster than the tile's steps (1.5x, 2x) measured slower.
 // The lines go to L2 (locality hint 2): the next tile's K and V together
