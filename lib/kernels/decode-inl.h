@@ -445,9 +445,10 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const float neg_inf = -std::numeric_limits<float>::infinity();
   // The next tile (up to nk rows), over the steps of every row group: one
-  // per vector of Dk per 4 keys, one per key and 4 vectors of Dv.
+  // per whole vector of Dk per 4 keys, one per key and whole 4 vectors of
+  // Dv (the loops that take them; the tails take none).
   const int64_t next_rows = std::min(nk, prefetch_end - nk);
-  const int64_t steps = (rows + 3) / 4 * (nk / 4 * (dk / N) + nk * ((dv + 4 * N - 1) / (4 * N)));
+  const int64_t steps = (rows + 3) / 4 * (nk / 4 * (dk / N) + nk * (dv / (4 * N)));
   constexpr int64_t kElem = static_cast<int64_t>(sizeof(KvElem<kKv>));
   TilePrefetch pf = next_rows > 0 ? TilePrefetch(k + nk * k_row, k_row * kElem, dk * kElem,
                                                  v + nk * v_row, v_row * kElem, dv * kElem,
