@@ -16,7 +16,6 @@
 #include <limits>
 #include <type_traits>
 
-#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "lib/dtype.h"
 #include "lib/kernels/convert-inl.h"
@@ -103,7 +102,7 @@ class TilePrefetch {
   HWY_INLINE void Step() {
     for (int i = 0; i < per_step_; ++i) {
       if (p_ >= end_ && !NextRow()) return;
-      PrefetchL2(p_);
+      __builtin_prefetch(p_, 0, 2);  // into L2, as PrefetchKvTile
       p_ += 64;
     }
   }
@@ -115,14 +114,6 @@ class TilePrefetch {
     int64_t bytes = 0;
     int64_t rows = 0;
   };
-
-  static HWY_INLINE void PrefetchL2(const char* p) {
-#if HWY_COMPILER_GCC || HWY_COMPILER_CLANG
-    __builtin_prefetch(p, 0, 2);
-#else
-    hwy::Prefetch(p);
-#endif
-  }
 
   // Moves to the next row (K's rows, then V's); false when none is left.
   HWY_INLINE bool NextRow() {
