@@ -731,10 +731,16 @@ inline void DecodeTaskF32(const AttentionArgsF32& a, int64_t task, int64_t b,
   const int64_t dk = a.head_dim_qk;
   const int64_t dv = a.head_dim_v;
   const int64_t mq = a.block_rows;
-  for (int64_t r = 0; r < rows; ++r) QueryRow(d, a, b, rt, r, qrows + r * dk);
-  InitRowState(a, rt, rows, m, l);
-  std::fill(orow, orow + rows * dv, 0.0f);
   const KvRows src(a, b, hkv);
+  // bf16 K/V taken in pairs: Q and O in the pair order (kKvPairs).
+  const bool pairs = kKvPairs<2> && src.type == KvType::kBF16;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t r = 0; r < rows; ++r) {
+    QueryRow(d, a, b, rt, r, qrows + r * dk);
+    if (pairs) SplitPairs(d, dk, qrows + r * dk);
+  }
+  InitRowState(a, rt, rows, m, l);
+  std::fill(orow, orow + rows * dv, 0.0f);  // zeros: the same in either order
   if (a.mask_kind != 0 || a.softcap > 0.0f || a.alibi_slopes != nullptr ||
       a.dropout_p > 0.0f) {
     MaskBlock mask(mask_storage, mq, kKeyTile);
@@ -750,6 +756,9 @@ inline void DecodeTaskF32(const AttentionArgsF32& a, int64_t task, int64_t b,
     NoDecodeMods none;
     DecodeTiles(a, src, rows, qrows, kv_start, kv_end, s, orow, m, l, ktile,
                 vtile, nullptr, &none);
+  }
+  if (pairs) {
+    for (int64_t r = 0; r < rows; ++r) MergePairs(d, dv / (4 * N) * (4 * N), orow + r * dv);
   }
   if (a.num_chunks > 1) {
     float* out = a.partials + task * mq * (dv + 2);
