@@ -761,12 +761,12 @@ inline void DecodeTaskF32(const AttentionArgsF32& a, int64_t task, int64_t b,
     for (int64_t r = 0; r < rows; ++r) MergePairs(d, dv / (4 * N) * (4 * N), orow + r * dv);
   }
   if (a.num_chunks > 1) {
+    // The slot of a decode task: m and l (mq each), then O row by row
+    // ([rows][dv], as CombineTaskF32Impl reads it for decode calls).
     float* out = a.partials + task * mq * (dv + 2);
-    for (int64_t r = 0; r < rows; ++r) {
-      out[r] = m[r];
-      out[mq + r] = l[r];
-      for (int64_t e = 0; e < dv; ++e) out[2 * mq + e * mq + r] = orow[r * dv + e];
-    }
+    std::copy(m, m + rows, out);
+    std::copy(l, l + rows, out + mq);
+    std::copy(orow, orow + rows * dv, out + 2 * mq);
     return;
   }
   WriteRows(a, b, rt, rows, m, l, orow, 1, dv);
@@ -1009,6 +1009,8 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
 // sink), L = sum_c l_c exp(m_c - M) (+ exp(sink - M)) and
 // O = sum_c acc_c exp(m_c - M) / L, which is exactly the unsplit softmax.
 // Chunks are merged in order, so the result does not depend on threads.
+// A slot holds m and l (mq each) and then O: [rows][dv] from the decode
+// path (a.decode_path), O^T [dv][mq] from the tiled kernel.
 inline void CombineTaskF32Impl(const AttentionArgsF32& a, int64_t task) {
   const int64_t mq = a.block_rows;
   const int64_t dv = a.head_dim_v;
@@ -1048,6 +1050,29 @@ inline void CombineTaskF32Impl(const AttentionArgsF32& a, int64_t task) {
       total += slot[mq + r] * weight[c];
     }
     if (!empty && !(sink == neg_inf)) total += std::exp(sink - big);
+    m[r] = big;
+    l[r] = empty ? 0.0f : total;
+    if (a.decode_path) {  // rows of O, merged in place in chunk 0's row
+      const hn::ScalableTag<float> d;
+      const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+      const float* first = a.partials + first_task * mq * (dv + 2) + 2 * mq + r * dv;
+      float* out = merged + r * dv;
+      int64_t e = 0;
+      for (; e + N <= dv; e += N) {
+        auto sum = hn::Zero(d);
+        for (int64_t c = 0; c < a.num_chunks; ++c) {
+          const float* row = first + c * mq * (dv + 2);
+          sum = hn::MulAdd(hn::Set(d, weight[c]), hn::LoadU(d, row + e), sum);
+        }
+        hn::StoreU(sum, d, out + e);
+      }
+      for (; e < dv; ++e) {
+        float sum = 0.0f;
+        for (int64_t c = 0; c < a.num_chunks; ++c) sum += weight[c] * first[c * mq * (dv + 2) + e];
+        out[e] = sum;
+      }
+      continue;
+    }
     for (int64_t e = 0; e < dv; ++e) {
       float sum = 0.0f;
       for (int64_t c = 0; c < a.num_chunks; ++c) {
@@ -1056,10 +1081,12 @@ inline void CombineTaskF32Impl(const AttentionArgsF32& a, int64_t task) {
       }
       merged[e * mq + r] = sum;
     }
-    m[r] = big;
-    l[r] = empty ? 0.0f : total;
   }
-  WriteRows(a, b, rt, rows, m, l, merged, mq, 1);
+  if (a.decode_path) {
+    WriteRows(a, b, rt, rows, m, l, merged, 1, dv);
+  } else {
+    WriteRows(a, b, rt, rows, m, l, merged, mq, 1);
+  }
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
