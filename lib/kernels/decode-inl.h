@@ -74,9 +74,16 @@ HWY_INLINE hn::VFromD<D> LoadKv(D d, const KvElem<kKv>* HWY_RESTRICT p) {
 // MergePairs after the last): Q over whole groups of Dk, O over whole
 // groups of 4N of Dv (the columns the vector loop covers; the tails stay
 // in order).
+#ifndef SIMDATTN_LITTLE_ENDIAN
+#if HWY_ARCH_X86 || (defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__) && \
+                     __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
+#define SIMDATTN_LITTLE_ENDIAN 1
+#else
+#define SIMDATTN_LITTLE_ENDIAN 0
+#endif
+#endif
 template <int kKv>
-constexpr bool kKvPairs = kKv == 2 && HWY_TARGET != HWY_SCALAR &&
-                          __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
+constexpr bool kKvPairs = kKv == 2 && HWY_TARGET != HWY_SCALAR && SIMDATTN_LITTLE_ENDIAN;
 
 // Even elements p[0], p[2], ... of the 2N bf16 at p into `even`, odd ones
 // into `odd`, as f32.
