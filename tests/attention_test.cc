@@ -1335,9 +1335,11 @@ TEST(DecodeTest, SplitKeysAgainstReference) {
 // Head dims wide enough for the decode path's vector loops (4 vectors of
 // outputs, 4 keys of scores) plus a tail on every target, key counts that
 // end tiles and chunks off the 4-key grid, and groups of 4 and 8 rows.
+// Dk 112 on 16 lanes: bf16 K/V are read in pairs of vectors (kKvPairs) for
+// the first 96 dims, then one vector alone.
 TEST(DecodeTest, WideHeadsWithTails) {
   int n = 0;
-  for (int64_t dk : {128, 72}) {
+  for (int64_t dk : {128, 72, 112}) {
     for (int64_t kv_heads : {2, 1}) {
       for (DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
         Case c;
@@ -1349,7 +1351,7 @@ TEST(DecodeTest, WideHeadsWithTails) {
         c.q_len = 1;
         c.kv_len = dk == 128 ? 1027 : 1534;
         c.dk = dk;
-        c.dv = dk == 128 ? 128 : 136;
+        c.dv = dk == 72 ? 136 : dk;
         c.layout = n % 2 ? Layout::kBSHD : Layout::kBHSD;
         CheckAllTargets(c, MakeInputs(c, 4050 + n++));
       }
