@@ -1507,33 +1507,36 @@ TEST(DecodeTest, SplitWithEveryOption) {
 }
 
 // 8 groups x 7 chunks of 512 keys: 56 tasks, which one thread takes in runs
-// of 3 (the last one short) and two or three threads one by one.
+// of 3 (the last one short) and two or three threads one by one. Lq 2 runs
+// the tiled kernel on each chunk, Lq 1 the decode path (its own partials).
 TEST(DecodeTest, BitIdenticalForAnyThreadCount) {
-  Case c;
-  c.kv_dtype = DType::kBF16;
-  c.batch = 1;
-  c.q_heads = 16;
-  c.kv_heads = 8;
-  c.q_len = 2;
-  c.kv_len = 3500;
-  c.dk = 32;
-  c.dv = 32;
-  const Inputs in = MakeInputs(c, 4200);
   ThreadPool pool1(1), pool2(2), pool3(3);
-  for (const std::string& target : AvailableTargets()) {
-    SCOPED_TRACE(target);
-    ExecutionOptions e1, e2, e3;
-    e1.pool = &pool1;
-    e2.pool = &pool2;
-    e3.pool = &pool3;
-    const Outputs o1 = RunFast(c, in, target, e1);
-    const Outputs o2 = RunFast(c, in, target, e2);
-    const Outputs o3 = RunFast(c, in, target, e3);
-    ASSERT_TRUE(o1.status.ok() && o2.status.ok() && o3.status.ok());
-    EXPECT_EQ(o1.info.num_tasks, 56);  // the keys really were split
-    EXPECT_EQ(o1.o.bytes, o2.o.bytes);
-    EXPECT_EQ(o1.o.bytes, o3.o.bytes);
-    EXPECT_EQ(o1.lse, o3.lse);
+  for (int64_t q_len : {2, 1}) {
+    Case c;
+    c.kv_dtype = DType::kBF16;
+    c.batch = 1;
+    c.q_heads = 16;
+    c.kv_heads = 8;
+    c.q_len = q_len;
+    c.kv_len = 3500;
+    c.dk = q_len == 2 ? 32 : 64;
+    c.dv = c.dk;
+    const Inputs in = MakeInputs(c, 4200 + q_len);
+    for (const std::string& target : AvailableTargets()) {
+      SCOPED_TRACE(testing::Message() << target << " Lq " << q_len);
+      ExecutionOptions e1, e2, e3;
+      e1.pool = &pool1;
+      e2.pool = &pool2;
+      e3.pool = &pool3;
+      const Outputs o1 = RunFast(c, in, target, e1);
+      const Outputs o2 = RunFast(c, in, target, e2);
+      const Outputs o3 = RunFast(c, in, target, e3);
+      ASSERT_TRUE(o1.status.ok() && o2.status.ok() && o3.status.ok());
+      EXPECT_EQ(o1.info.num_tasks, 56);  // the keys really were split
+      EXPECT_EQ(o1.o.bytes, o2.o.bytes);
+      EXPECT_EQ(o1.o.bytes, o3.o.bytes);
+      EXPECT_EQ(o1.lse, o3.lse);
+    }
   }
 }
 
