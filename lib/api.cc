@@ -168,6 +168,15 @@ class ScratchLease {
 
 // Decode: calls with at most this many queries per head split the keys.
 constexpr int64_t kDecodeMaxQueries = 16;
+// Lq > 1 takes the decode path (rows along the head dimension) up to this
+// many rows per group, the tiled kernel (rows along the lanes) beyond. The
+// decode path's cost grows with the rows, the tiled kernel's with the
+// vectors they fill, so it wins where a group fills a vector poorly. In one
+// process, alternating, 1 thread, B1 Hq32 Lk16384 D128 f16 K/V, GB/s (tiled
+// -> decode) on AVX-512 (16 lanes): 8 rows 3.8 -> 7.8, 16 rows 3.5 -> 3.5
+// and 4.0 -> 4.4, 32 rows 2.7 -> 2.3; on AVX2 (8 lanes): 8 rows 2.4 -> 4.7,
+// 16 rows 1.9 -> 2.2 and 2.6 -> 3.1.
+constexpr int64_t kDecodeMaxRows = 16;
 // Keys per chunk of a split call (more when Lk needs over kMaxSplitChunks).
 constexpr int64_t kDecodeChunkKeys = 512;
 
@@ -409,9 +418,14 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     args.partials = nullptr;
     args.packed = nullptr;
     args.packed_first_group = 0;
-    // Lq = 1: the decode micro-path (every option runs on it).
-    args.decode_path = p.q_len == 1 && p.group <= args.block_rows &&
-                       args.block_rows <= 2 * vector_rows;
+    // The decode micro-path (every option runs on it): Lq = 1, or a few
+    // queries per head (speculative decoding) while the group has at most
+    // kDecodeMaxRows rows; all of a group's rows in one block of at most
+    // two vectors of queries.
+    const int64_t group_rows = p.group * p.q_len;
+    args.decode_path = group_rows <= args.block_rows &&
+                       args.block_rows <= 2 * vector_rows &&
+                       (p.q_len == 1 || group_rows <= kDecodeMaxRows);
     if (p.q_len <= kDecodeMaxQueries && p.kv_len > kDecodeChunkKeys) {
       const int64_t min_chunk = (p.kv_len + kMaxSplitChunks - 1) / kMaxSplitChunks;
       args.chunk_keys = std::max(kDecodeChunkKeys, (min_chunk + 63) / 64 * 64);

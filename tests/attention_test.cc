@@ -1506,6 +1506,89 @@ TEST(DecodeTest, SplitWithEveryOption) {
   }
 }
 
+// Lq 2..8 with at most 16 rows per group also take the decode path
+// (speculative decoding): rows of one block have different queries, so the
+// tiles at the ends of their key ranges hide keys per row (causal, windows,
+// either alignment), alongside every score and weight option. Head dims wide
+// enough for the vector loops, chunks split off the tile grid.
+TEST(DecodeTest, SeveralQueriesOnTheDecodePath) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  float sinks[8] = {0.5f, -1.0f, 2.0f, 0.0f, neg_inf, 1.0f, -3.0f, 0.25f};
+  float slopes[8] = {0.01f, 0.02f, 0.04f, 0.001f, 0.1f, 0.005f, 0.03f, 0.0f};
+  int64_t lens[2] = {1300, 801};
+  const int64_t lk = 1300;
+  std::mt19937 rng(4500);
+  Tensor add(DType::kF32, 2, 1, 8, lk);  // per query, shared by the heads
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t i = 0; i < 8; ++i)
+      for (int64_t j = 0; j < lk; ++j)
+        add.Set(b, 0, i, j, rng() % 6 == 0 ? neg_inf : (rng() % 1000) * 0.002f - 1.0f);
+  struct Shape {
+    int64_t q_len, kv_heads;
+  };
+  // 8 heads: groups of 2, 4 and 8 rows per query.
+  const Shape shapes[] = {{2, 2}, {4, 2}, {8, 4}, {5, 2}, {2, 1}};
+  int n = 0;
+  for (const Shape& shape : shapes) {
+    for (int which = 0; which < 7; ++which) {
+      SCOPED_TRACE(testing::Message() << "Lq " << shape.q_len << " kv_heads "
+                                      << shape.kv_heads << " option set " << which);
+      Case c;
+      c.kv_dtype = n % 3 == 0 ? DType::kF32 : (n % 3 == 1 ? DType::kF16 : DType::kBF16);
+      c.bound = OutputBound(DType::kF32);
+      c.batch = 2;
+      c.q_heads = 8;
+      c.kv_heads = shape.kv_heads;
+      c.q_len = shape.q_len;
+      c.kv_len = lk;
+      c.dk = n % 2 ? 72 : 128;
+      c.dv = n % 2 ? 136 : 128;
+      c.layout = n % 2 ? Layout::kBSHD : Layout::kBHSD;
+      c.options.alignment = Alignment::kBottomRight;
+      switch (which) {
+        case 0: c.options.causal = true; break;
+        case 1:  // windows start and end inside tiles, per row
+          c.options.causal = true;
+          c.options.window_left = 333;
+          c.options.sinks = sinks;
+          break;
+        case 2:  // no causal: a window on both sides
+          c.options.window_left = 150;
+          c.options.window_right = 2;
+          c.options.kv_lengths = lens;
+          break;
+        case 3:  // top-left: row i sees keys 0..i only
+          c.options.causal = true;
+          c.options.alignment = Alignment::kTopLeft;
+          break;
+        case 4:
+          c.options.causal = true;
+          c.options.mask = add.View();
+          c.options.alibi_slopes = slopes;
+          c.options.softcap = 4.0f;
+          break;
+        case 5:
+          c.options.causal = true;
+          c.options.dropout_p = 0.25f;
+          c.options.dropout_seed = 5;
+          c.options.kv_lengths = lens;
+          c.options.sinks = sinks;
+          break;
+        case 6:  // window only, top-left: rows' ranges are disjoint from Lk's end
+          c.options.window_left = 40;
+          c.options.window_right = 70;
+          c.options.alignment = Alignment::kTopLeft;
+          break;
+      }
+      if (c.options.mask.data != nullptr && c.q_len != 8) {
+        // The mask's Lq extent must match: take its first Lq queries.
+        c.options.mask.shape[2] = c.q_len;
+      }
+      CheckAllTargets(c, MakeInputs(c, 4500 + n++));
+    }
+  }
+}
+
 // 8 groups x 7 chunks of 512 keys: 56 tasks, which one thread takes in runs
 // of 3 (the last one short) and two or three threads one by one. Lq 2 runs
 // the tiled kernel on each chunk, Lq 1 the decode path (its own partials).

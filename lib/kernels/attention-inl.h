@@ -627,6 +627,16 @@ inline void InitRowState(const AttentionArgsF32& a, const RowTable& rt,
   }
 }
 
+// Index visibility of a block's rows (SEMANTICS.md): key j is hidden from
+// the row of query i when j > i + hi_shift (has_hi) or j < i + lo_shift
+// (has_lo). A tile [j0, j0 + n) cuts some row's range only if it ends after
+// hi_first or starts before lo_last (the block's first and last queries).
+struct IndexCuts {
+  bool has_hi = false, has_lo = false;
+  int64_t hi_shift = 0, lo_shift = 0;
+  int64_t hi_first = 0, lo_last = 0;
+};
+
 // Score and weight options on the decode path (decode-inl.h's Mods): the
 // same rules and order as the tiled kernel (softcap, ALiBi, mask; dropout on
 // the weights), applied per row with the keys along the lanes.
@@ -639,8 +649,20 @@ struct DecodeMods {
   int64_t kv_begin = 0;   // the tile's first key
   bool hide = false;      // the mask hides some key of the tile from some row
   bool bias = false;      // the mask's tile has a non-zero bias
+  // Index cuts of the current tile (SetCuts; used when Lq > 1, where rows
+  // have different queries and so different key ranges. With Lq = 1 the
+  // task's key range is exactly each row's and no tile cuts).
+  IndexCuts index;
+  bool cut_hi = false, cut_lo = false;
 
-  bool may_hide() const { return hide; }
+  // Sets the cuts of tile [begin, begin + nk); whether it has any.
+  bool SetCuts(int64_t begin, int64_t nk) {
+    kv_begin = begin;
+    cut_hi = index.has_hi && begin + nk - 1 > index.hi_first;
+    cut_lo = index.has_lo && begin < index.lo_last;
+    return cut_hi || cut_lo;
+  }
+  bool may_hide() const { return hide || cut_hi || cut_lo; }
   void Scores(int64_t r, int64_t nk, float* HWY_RESTRICT x) const {
     const hn::ScalableTag<float> d;
     if (a->softcap > 0.0f) SoftcapRow(d, a->softcap, nk, x);
@@ -648,6 +670,17 @@ struct DecodeMods {
     if (bias) {
       const float* row = mask->row_data[mask->lane_row[r]];
       if (row != mask->zeros) BiasRow(d, row, nk, x);
+    }
+    // Last, as in the tiled kernel: a hidden key is -inf whatever came before.
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    const int64_t query = rt->query[r];
+    if (cut_hi) {  // keys from query + hi_shift + 1 on
+      const int64_t from = std::max<int64_t>(0, query + index.hi_shift + 1 - kv_begin);
+      if (from < nk) std::fill(x + from, x + nk, neg_inf);
+    }
+    if (cut_lo) {  // keys before query + lo_shift
+      const int64_t to = std::min<int64_t>(nk, query + index.lo_shift - kv_begin);
+      if (to > 0) std::fill(x, x + to, neg_inf);
     }
   }
   static_assert(kKeyTile <= kDropoutRowKeys, "DropoutRow takes one tile");
@@ -661,6 +694,8 @@ struct DecodeMods {
 
 // The tiles of a decode task, with score/weight options (DecodeMods) or
 // without (NoDecodeMods). A tile the mask hides from every row is skipped.
+// `cuts` (null when Lq = 1) holds the index cuts of rows with different
+// queries: a tile that cuts some row runs with them (and `mods`'s options).
 template <class Mods>
 HWY_INLINE void DecodeTiles(const AttentionArgsF32& a, const KvRows& src,
                             int64_t rows, const float* HWY_RESTRICT qrows,
@@ -668,7 +703,7 @@ HWY_INLINE void DecodeTiles(const AttentionArgsF32& a, const KvRows& src,
                             float* HWY_RESTRICT s, float* HWY_RESTRICT orow,
                             float* HWY_RESTRICT m, float* HWY_RESTRICT l,
                             float* HWY_RESTRICT ktile, float* HWY_RESTRICT vtile,
-                            MaskBlock* mask, Mods* mods) {
+                            MaskBlock* mask, Mods* mods, DecodeMods* cuts) {
   const hn::ScalableTag<float> d;
   const int64_t dk = a.head_dim_qk;
   const int64_t dv = a.head_dim_v;
@@ -690,39 +725,48 @@ HWY_INLINE void DecodeTiles(const AttentionArgsF32& a, const KvRows& src,
     // Rows that exist past this tile may be prefetched, even past the chunk
     // (the next task streams on from there).
     const int64_t prefetch_end = a.kv_len - kv_begin;
-    if (!in_registers) {  // widened tile by tile: prefetch the next whole
-      PrefetchKvTile(a, src, kv_begin + kKeyTile, kKeyTile, kv_end);
-      const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
-      DecodeTile<0>(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk, 0,
-                    s, m, l, orow, *mods);
+    const auto tile = [&](const auto& tile_mods) {
+      if (!in_registers) {  // widened tile by tile: prefetch the next whole
+        PrefetchKvTile(a, src, kv_begin + kKeyTile, kKeyTile, kv_end);
+        const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
+        DecodeTile<0>(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk, 0,
+                      s, m, l, orow, tile_mods);
+        return;
+      }
+      if (src.type == KvType::kF32) {
+        const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
+        DecodeTile<0>(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk,
+                      prefetch_end, s, m, l, orow, tile_mods);
+        return;
+      }
+      const uint16_t* k16 = reinterpret_cast<const uint16_t*>(src.k) + kv_begin * ks;
+      const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.v) + kv_begin * vs;
+      if (src.type == KvType::kF16) {
+        DecodeTile<1>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk, prefetch_end,
+                      s, m, l, orow, tile_mods);
+      } else {
+        DecodeTile<2>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk, prefetch_end,
+                      s, m, l, orow, tile_mods);
+      }
+    };
+    if (cuts != nullptr && cuts->SetCuts(kv_begin, nk)) {
+      tile(*cuts);  // cuts == mods when Mods is DecodeMods
       continue;
     }
-    if (src.type == KvType::kF32) {
-      const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
-      DecodeTile<0>(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk,
-                    prefetch_end, s, m, l, orow, *mods);
-      continue;
-    }
-    const uint16_t* k16 = reinterpret_cast<const uint16_t*>(src.k) + kv_begin * ks;
-    const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.v) + kv_begin * vs;
-    if (src.type == KvType::kF16) {
-      DecodeTile<1>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk, prefetch_end,
-                    s, m, l, orow, *mods);
-    } else {
-      DecodeTile<2>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk, prefetch_end,
-                    s, m, l, orow, *mods);
-    }
+    tile(*mods);
   }
 }
 
-// The decode micro-path for one task (args.decode_path): rows are the G
-// heads of the group at query 0, all seeing the same key range. Q rows go to
-// `qrows` ([G][Dk], scaled), outputs to `orow` ([G][Dv]); the result is
-// written as partials (split calls) or straight to O/LSE. mask_storage holds
+// The decode micro-path for one task (args.decode_path): rows are the
+// block's (head, query) rows, G x Lq of them (Lq = 1: the G heads, all
+// seeing the same key range; Lq > 1: speculative decoding, whose rows `cut`
+// limits each to its own range). Q rows go to `qrows` ([rows][Dk], scaled),
+// outputs to `orow` ([rows][Dv]); the result is written as partials (split
+// calls) or straight to O/LSE. mask_storage holds
 // MaskBlock::Floats(block_rows, kKeyTile) floats.
 inline void DecodeTaskF32(const AttentionArgsF32& a, int64_t task, int64_t b,
                           int64_t hkv, const RowTable& rt, int64_t rows,
-                          int64_t kv_start, int64_t kv_end,
+                          const IndexCuts& cut, int64_t kv_start, int64_t kv_end,
                           float* HWY_RESTRICT qrows, float* HWY_RESTRICT s,
                           float* HWY_RESTRICT orow, float* HWY_RESTRICT m,
                           float* HWY_RESTRICT l, float* HWY_RESTRICT ktile,
@@ -741,21 +785,23 @@ inline void DecodeTaskF32(const AttentionArgsF32& a, int64_t task, int64_t b,
   }
   InitRowState(a, rt, rows, m, l);
   std::fill(orow, orow + rows * dv, 0.0f);  // zeros: the same in either order
+  MaskBlock mask(mask_storage, mq, kKeyTile);
+  if (a.mask_kind != 0) mask.Init(a, b, rt);
+  DecodeMods mods;
+  mods.a = &a;
+  mods.rt = &rt;
+  mods.mask = a.mask_kind != 0 ? &mask : nullptr;
+  mods.b = b;
+  mods.index = cut;
+  DecodeMods* cuts = a.q_len > 1 && (cut.has_hi || cut.has_lo) ? &mods : nullptr;
   if (a.mask_kind != 0 || a.softcap > 0.0f || a.alibi_slopes != nullptr ||
       a.dropout_p > 0.0f) {
-    MaskBlock mask(mask_storage, mq, kKeyTile);
-    if (a.mask_kind != 0) mask.Init(a, b, rt);
-    DecodeMods mods;
-    mods.a = &a;
-    mods.rt = &rt;
-    mods.mask = a.mask_kind != 0 ? &mask : nullptr;
-    mods.b = b;
     DecodeTiles(a, src, rows, qrows, kv_start, kv_end, s, orow, m, l, ktile,
-                vtile, a.mask_kind != 0 ? &mask : nullptr, &mods);
+                vtile, a.mask_kind != 0 ? &mask : nullptr, &mods, cuts);
   } else {
     NoDecodeMods none;
     DecodeTiles(a, src, rows, qrows, kv_start, kv_end, s, orow, m, l, ktile,
-                vtile, nullptr, &none);
+                vtile, nullptr, &none, cuts);
   }
   if (pairs) {
     for (int64_t r = 0; r < rows; ++r) MergePairs(d, dv / (4 * N) * (4 * N), orow + r * dv);
@@ -872,7 +918,14 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
   if (kv_start > kv_end) kv_start = kv_end;
 
   if (a.decode_path) {
-    DecodeTaskF32(a, task, b, hkv, rt, rows, kv_start, kv_end, qt, st, acc, m,
+    IndexCuts cut;
+    cut.has_hi = has_hi;
+    cut.has_lo = has_lo;
+    cut.hi_shift = offset + right;
+    cut.lo_shift = offset - left;
+    cut.hi_first = p_first + right;
+    cut.lo_last = p_last - left;
+    DecodeTaskF32(a, task, b, hkv, rt, rows, cut, kv_start, kv_end, qt, st, acc, m,
                   l, ktile, vtile, scratch + lay.mask);
     return;
   }

@@ -1,5 +1,6 @@
-// Decode micro-path: one query row per head (Lq = 1) for the G heads of a KV
-// group against a tile of keys, vectorized along the head dimension.
+// Decode micro-path: the few query rows of a KV group (its G heads, times
+// Lq for speculative decoding) against a tile of keys, vectorized along the
+// head dimension.
 // Per-target code (include from a foreach_target translation unit).
 
 #if defined(SIMDATTN_LIB_KERNELS_DECODE_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -28,7 +29,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Why a separate path: the tiled kernel puts queries along the lanes, and a
 // decode group has only G of them (4 of 16 lanes for 32/8 heads), so it
-// computes mostly padding. Here lanes run along the head dimension.
+// computes mostly padding. Here lanes run along the head dimension, and the
+// cost grows with the rows rather than the vectors they fill.
 //   Q·K: 4 keys x 4 rows of dot products share their loads (each K vector
 //        feeds 4 rows, each Q vector 4 keys): 16 accumulators.
 //   P·V: 4 rows x 4 vectors of the output stay in registers across the whole
