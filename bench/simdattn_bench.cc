@@ -138,6 +138,7 @@ struct Variant {
   bool alibi = false, sinks = false, mask_bool = false, mask_add = false;
   bool kv_lengths = false;
   float dropout = 0.0f;
+  bool bottom_right = false;  // causal/window alignment (speculative decoding)
 };
 
 struct VariantData {
@@ -150,6 +151,7 @@ simdattn::AttentionOptions MakeOptions(const Shape& s, const Variant& v,
                                        VariantData* data) {
   simdattn::AttentionOptions o;
   o.causal = v.causal;
+  if (v.bottom_right) o.alignment = simdattn::Alignment::kBottomRight;
   o.window_left = v.window_left;
   o.softcap = v.softcap;
   if (v.alibi) {
@@ -409,6 +411,13 @@ bool Verify(const Shape& s, bool causal) {
 }
 
 // ---------------------------------------------------------------- decode
+
+// Whether an entry name is a decode entry: at most 16 queries per head
+// (Lq 1, or speculative decoding).
+bool IsDecodeEntry(const std::string& name) {
+  const size_t at = name.find("_Lq");
+  return at != std::string::npos && std::strtoll(name.c_str() + at + 3, nullptr, 10) <= 16;
+}
 // Lq = 1 against a long KV cache, bound by reading K and V once. Caches are
 // kept cold by rotating through enough copies of Q/K/V to exceed twice the
 // last-level cache (one copy when it is already that large).
@@ -583,7 +592,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     for (const auto& [name, m] : medians_) {
       // name = attention/<impl>/<dtype>/<shape>/<mask>/threads:<n>
       if (name.rfind("attention/", 0) != 0) continue;
-      if (name.find("_Lq1_") != std::string::npos) continue;  // decode, below
+      if (IsDecodeEntry(name)) continue;  // decode, below
       const size_t a = name.find('/') + 1, b = name.find('/', a);
       const std::string impl = name.substr(a, b - a);
       const size_t c = name.find('/', b + 1);
@@ -662,8 +671,9 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     std::printf("\n%-9s %-48s %9s %9s %9s\n", "impl", "decode (K+V read)",
                 "GB/s", "%read_bw", "vs oneDNN");
     for (const auto& [name, m] : medians_) {
-      if (name.rfind("attention/", 0) != 0 || name.find("_Lq1_") == std::string::npos ||
-          name.find("/none/") == std::string::npos) {
+      if (name.rfind("attention/", 0) != 0 || !IsDecodeEntry(name) ||
+          (name.find("/none/") == std::string::npos &&
+           name.find("/causal/") == std::string::npos)) {
         continue;
       }
       const size_t a = name.find('/') + 1, b = name.find('/', a);
@@ -707,7 +717,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     std::fprintf(f, "entry\tsimdattn\tonednn\tnaive\troofline\n");
     for (const auto& [name, m] : medians_) {
       if (name.rfind("attention/simdattn/f32/", 0) != 0) continue;  // the chart is f32
-      if (name.find("_Lq1_") != std::string::npos) continue;
+      if (IsDecodeEntry(name)) continue;
       const std::string rest = name.substr(std::string("attention/simdattn/").size());
       const std::string threads = name.substr(name.rfind("/threads:") + 9);
       auto rate = [&](const std::string& key) {
@@ -877,6 +887,22 @@ int main(int argc, char** argv) {
             [s, kv, threads](benchmark::State& st) { BenchDecodeOneDnn(st, s, kv, threads); })
             ->UseRealTime()->Unit(benchmark::kMillisecond);
       }
+    }
+  }
+
+  // Speculative decoding: a few queries per head, bottom-right causal.
+  for (int64_t lq : {2, 4, 8}) {
+    const Shape s{1, 32, 8, lq, 16384, 128};
+    Variant var;
+    var.name = "causal", var.causal = true, var.bottom_right = true;
+    for (int threads : {1, 2}) {
+      benchmark::RegisterBenchmark(
+          (std::string("attention/simdattn/") + DecodeDtypeName(KvStore::kF16, false) + "/" +
+           s.Name() + "/causal/threads:" + std::to_string(threads)).c_str(),
+          [s, var, threads](benchmark::State& st) {
+            BenchDecodeSimdattn(st, s, KvStore::kF16, threads, var);
+          })
+          ->UseRealTime()->Unit(benchmark::kMillisecond);
     }
   }
 
