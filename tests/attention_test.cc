@@ -1515,8 +1515,10 @@ TEST(DecodeTest, SeveralQueriesOnTheDecodePath) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   float sinks[8] = {0.5f, -1.0f, 2.0f, 0.0f, neg_inf, 1.0f, -3.0f, 0.25f};
   float slopes[8] = {0.01f, 0.02f, 0.04f, 0.001f, 0.1f, 0.005f, 0.03f, 0.0f};
-  // Quick mode (qemu): fewer keys (still two chunks) and three of the shapes.
-  const int64_t lk = QuickMode() ? 700 : 1300;
+  // Quick mode (qemu, where SVE-512 runs this test about 350x slower than
+  // natively): fewer keys (still two chunks), and each option set on one of
+  // three shapes instead of all five.
+  const int64_t lk = QuickMode() ? 600 : 1300;
   int64_t lens[2] = {lk, QuickMode() ? 401 : 801};
   std::mt19937 rng(4500);
   Tensor add(DType::kF32, 2, 1, 8, lk);  // per query, shared by the heads
@@ -1531,8 +1533,10 @@ TEST(DecodeTest, SeveralQueriesOnTheDecodePath) {
   const std::vector<Shape> all = {{2, 2}, {8, 4}, {2, 1}, {4, 2}, {5, 2}};
   const std::vector<Shape> shapes(all.begin(), all.begin() + (QuickMode() ? 3 : 5));
   int n = 0;
-  for (const Shape& shape : shapes) {
+  for (size_t si = 0; si < shapes.size(); ++si) {
+    const Shape& shape = shapes[si];
     for (int which = 0; which < 7; ++which) {
+      if (QuickMode() && static_cast<size_t>(which) % shapes.size() != si) continue;
       SCOPED_TRACE(testing::Message() << "Lq " << shape.q_len << " kv_heads "
                                       << shape.kv_heads << " option set " << which);
       Case c;
