@@ -1,5 +1,7 @@
 // Scalar double-precision reference of docs/SEMANTICS.md. Written for
 // readability, not speed: one query row at a time, every rule spelled out.
+// (K and V are widened to double once per KV head, and each exp is taken
+// once: the tests run it under qemu, where it was most of their time.)
 
 #include "lib/reference.h"
 
@@ -53,24 +55,35 @@ int64_t Offset(const int64_t strides[4], int64_t i0, int64_t i1, int64_t i2,
   return i0 * strides[0] + i1 * strides[1] + i2 * strides[2] + i3 * strides[3];
 }
 
+// Widens `rows` rows of `n` elements (row r, element d at index
+// base + r * row_stride + d * elem_stride) into out[r * n + d].
+void LoadRowsAsDouble(const void* data, DType dtype, int64_t base,
+                      int64_t row_stride, int64_t elem_stride, int64_t rows,
+                      int64_t n, double* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t d = 0; d < n; ++d) {
+      out[r * n + d] = LoadAsDouble(data, dtype, base + r * row_stride + d * elem_stride);
+    }
+  }
+}
+
 // The parts of one call that every row needs.
 struct Context {
-  const TensorView* q;
-  const TensorView* k;
-  const TensorView* v;
   const AttentionOptions* options;
   const Problem* problem;
   double scale;
 };
 
 // Computes O[b, h, i, :] into `out` (Dv values) and returns LSE[b, h, i].
-// `scores` and `visible` are scratch of Lk entries.
+// q: the row's Dk query values; k, v: the Lk rows of K and V of its KV head
+// (row j at k + j * Dk, v + j * Dv), all widened to double. `scores` and
+// `visible` are scratch of Lk entries.
 double ComputeRow(const Context& c, int64_t b, int64_t h, int64_t i,
+                  const double* q, const double* k, const double* v,
                   std::vector<double>* scores, std::vector<char>* visible,
                   double* out) {
   const Problem& pr = *c.problem;
   const AttentionOptions& opt = *c.options;
-  const int64_t kv_head = h / pr.group;
   const int64_t lk_b = opt.kv_lengths != nullptr ? opt.kv_lengths[b] : pr.kv_len;
   // p(i): where query row i sits on the key axis.
   const int64_t pos =
@@ -85,13 +98,9 @@ double ComputeRow(const Context& c, int64_t b, int64_t h, int64_t i,
 
     double s = 0.0;
     if (vis) {
+      const double* k_row = k + j * pr.head_dim_qk;
       double dot = 0.0;
-      for (int64_t d = 0; d < pr.head_dim_qk; ++d) {
-        dot += LoadAsDouble(c.q->data, c.q->dtype,
-                            Offset(c.q->strides, b, h, i, d)) *
-               LoadAsDouble(c.k->data, c.k->dtype,
-                            Offset(c.k->strides, b, kv_head, j, d));
-      }
+      for (int64_t d = 0; d < pr.head_dim_qk; ++d) dot += q[d] * k_row[d];
       s = c.scale * dot;
       if (opt.softcap > 0.0f) {
         const double cap = opt.softcap;
@@ -144,26 +153,27 @@ double ComputeRow(const Context& c, int64_t b, int64_t h, int64_t i,
     return -kInf;
   }
 
+  // The scores become exp(s - M), summed into z.
   double z = 0.0;
   for (int64_t j = 0; j < pr.kv_len; ++j) {
-    if ((*visible)[j]) z += std::exp((*scores)[j] - m);
+    if (!(*visible)[j]) continue;
+    (*scores)[j] = std::exp((*scores)[j] - m);
+    z += (*scores)[j];
   }
   if (has_sink) z += std::exp(sink - m);
 
   const double p_drop = opt.dropout_p;
   for (int64_t j = 0; j < pr.kv_len; ++j) {
     if (!(*visible)[j]) continue;
-    double weight = std::exp((*scores)[j] - m) / z;
+    double weight = (*scores)[j] / z;
     if (p_drop > 0.0) {
       // Dropped keys keep weight 0 (not skipped): 0 * NaN in V still yields
       // NaN, as a kernel that zeroes P before P.V does.
       const bool keep = DropoutKeep(opt.dropout_seed, opt.dropout_p, b, h, i, j);
       weight = keep ? weight / (1.0 - p_drop) : 0.0;
     }
-    for (int64_t d = 0; d < dv; ++d) {
-      out[d] += weight * LoadAsDouble(c.v->data, c.v->dtype,
-                                      Offset(c.v->strides, b, kv_head, j, d));
-    }
+    const double* v_row = v + j * dv;
+    for (int64_t d = 0; d < dv; ++d) out[d] += weight * v_row[d];
   }
   return m + std::log(z);
 }
@@ -198,7 +208,7 @@ Status ReferenceAttention(const TensorView& q, const TensorView& k,
         options.scale.has_value()
             ? static_cast<double>(*options.scale)
             : 1.0 / std::sqrt(static_cast<double>(pr.head_dim_qk));
-    const Context ctx{&q, &k, &v, &options, &problem, scale};
+    const Context ctx{&options, &problem, scale};
 
     // Computed into locals first so that nothing is written on failure.
     std::vector<double> o_out(static_cast<size_t>(
@@ -207,13 +217,27 @@ Status ReferenceAttention(const TensorView& q, const TensorView& k,
         static_cast<size_t>(pr.batch * pr.q_heads * pr.q_len));
     std::vector<double> scores(static_cast<size_t>(pr.kv_len));
     std::vector<char> visible(static_cast<size_t>(pr.kv_len));
+    const int64_t dk = pr.head_dim_qk, dv = pr.head_dim_v;
+    // K and V of one KV head, widened once for the rows of its query heads.
+    std::vector<double> k_rows(static_cast<size_t>(pr.kv_len * dk));
+    std::vector<double> v_rows(static_cast<size_t>(pr.kv_len * dv));
+    std::vector<double> q_row(static_cast<size_t>(dk));
     for (int64_t b = 0; b < pr.batch; ++b) {
       for (int64_t h = 0; h < pr.q_heads; ++h) {
+        if (h % pr.group == 0) {
+          const int64_t hkv = h / pr.group;
+          LoadRowsAsDouble(k.data, k.dtype, Offset(k.strides, b, hkv, 0, 0),
+                           k.strides[2], k.strides[3], pr.kv_len, dk, k_rows.data());
+          LoadRowsAsDouble(v.data, v.dtype, Offset(v.strides, b, hkv, 0, 0),
+                           v.strides[2], v.strides[3], pr.kv_len, dv, v_rows.data());
+        }
         for (int64_t i = 0; i < pr.q_len; ++i) {
+          LoadRowsAsDouble(q.data, q.dtype, Offset(q.strides, b, h, i, 0), 0,
+                           q.strides[3], 1, dk, q_row.data());
           const int64_t row = (b * pr.q_heads + h) * pr.q_len + i;
           lse_out[static_cast<size_t>(row)] =
-              ComputeRow(ctx, b, h, i, &scores, &visible,
-                         o_out.data() + row * pr.head_dim_v);
+              ComputeRow(ctx, b, h, i, q_row.data(), k_rows.data(), v_rows.data(),
+                         &scores, &visible, o_out.data() + row * dv);
         }
       }
     }
