@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <sstream>
 
 #include "lib/dtype.h"
 
@@ -17,6 +18,19 @@ namespace test {
 bool QuickMode() {
   const char* env = std::getenv("SIMDATTN_TEST_QUICK");
   return env != nullptr && env[0] != '\0' && env[0] != '0';
+}
+
+std::vector<std::string> TestTargets() {
+  std::vector<std::string> targets = AvailableTargets();
+  const char* env = std::getenv("SIMDATTN_TEST_TARGETS");
+  if (env == nullptr) return targets;
+  std::set<std::string> named;
+  std::istringstream is(env);
+  for (std::string t; is >> t;) named.insert(t);
+  targets.erase(std::remove_if(targets.begin(), targets.end(),
+                               [&](const std::string& t) { return !named.count(t); }),
+                targets.end());
+  return targets;
 }
 
 namespace {

@@ -19,6 +19,12 @@ namespace test {
 // True when SIMDATTN_TEST_QUICK is set (under qemu): sweeps use fewer shapes.
 bool QuickMode();
 
+// The targets the correctness tests run on: AvailableTargets(), or when
+// SIMDATTN_TEST_TARGETS is set (a space-separated list, as each qemu CPU model
+// in tests/CMakeLists.txt sets it), only the available ones it names. Names it
+// gives that are not available are reported by test_main as not run.
+std::vector<std::string> TestTargets();
+
 // Called with RunInfo::target after every successful fast-path call.
 void RecordTargetRun(const std::string& target);
 std::set<std::string> TargetsRun();
