@@ -26,16 +26,25 @@ has ssse3 && expect+=" SSSE3"
 expect+=" SCALAR"
 echo "== x86 targets this CPU must run:$expect"
 
-echo "== x86-64 build"
+echo "== configure x86-64 and aarch64"
 cmake -S . -B build/x86 -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DSIMDATTN_EXPECT_TARGETS="${expect# }" -DSIMDATTN_BUILD_BENCH=ON
-cmake --build build/x86 -j "$JOBS"
-
-echo "== aarch64 build"
 cmake -S . -B build/arm64 -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
       -DSIMDATTN_BUILD_TOOLS=OFF -DSIMDATTN_BUILD_BENCH=OFF
-cmake --build build/arm64 -j "$JOBS"
+
+# Side by side: each build waits minutes on one translation unit (the
+# kernels, compiled once per target), so one alone leaves a core idle.
+echo "== x86-64 and aarch64 builds (aarch64 log: build/arm64-build.log)"
+cmake --build build/arm64 -j "$JOBS" > build/arm64-build.log 2>&1 &
+arm_build=$!
+x86_ok=0
+cmake --build build/x86 -j "$JOBS" || x86_ok=1
+arm_ok=0
+wait "$arm_build" || arm_ok=1
+if [ $arm_ok -ne 0 ]; then cat build/arm64-build.log; fi
+if [ $x86_ok -ne 0 ] || [ $arm_ok -ne 0 ]; then echo "== build FAILED"; exit 1; fi
+tail -n 1 build/arm64-build.log
 
 status=0
 echo "== x86-64 tests"
