@@ -12,12 +12,13 @@ ensure_arm64_arch
 ensure_packages g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:arm64
 
 # The x86 targets this CPU can run, from its own flags (not from Highway), so
-# a target the library fails to detect or run is a test failure.
+# a target the library fails to detect or run is a test failure. (Linux
+# spells VBMI "avx512vbmi" but VBMI2 "avx512_vbmi2".)
 flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
 has() { for f in "$@"; do [[ $flags == *" $f "* ]] || return 1; done; }
 expect=""
 has avx512f avx512vl avx512dq avx512bw avx512_bf16 && expect+=" AVX3_BF16"
-has avx512f avx512vl avx512dq avx512bw avx512_vnni avx512_vbmi avx512_vbmi2 \
+has avx512f avx512vl avx512dq avx512bw avx512_vnni avx512vbmi avx512_vbmi2 \
     vaes vpclmulqdq avx512_bitalg avx512_vpopcntdq && expect+=" AVX3_DL"
 has avx512f avx512vl avx512dq avx512bw && expect+=" AVX3"
 has avx2 bmi1 bmi2 fma f16c && expect+=" AVX2"
