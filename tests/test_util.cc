@@ -20,13 +20,18 @@ bool QuickMode() {
   return env != nullptr && env[0] != '\0' && env[0] != '0';
 }
 
+bool TargetsFromEnv(const char* name, std::set<std::string>* names) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return false;
+  std::istringstream is(env);
+  for (std::string t; is >> t;) names->insert(t);
+  return true;
+}
+
 std::vector<std::string> TestTargets() {
   std::vector<std::string> targets = AvailableTargets();
-  const char* env = std::getenv("SIMDATTN_TEST_TARGETS");
-  if (env == nullptr) return targets;
   std::set<std::string> named;
-  std::istringstream is(env);
-  for (std::string t; is >> t;) named.insert(t);
+  if (!TargetsFromEnv("SIMDATTN_TEST_TARGETS", &named)) return targets;
   targets.erase(std::remove_if(targets.begin(), targets.end(),
                                [&](const std::string& t) { return !named.count(t); }),
                 targets.end());

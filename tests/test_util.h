@@ -25,6 +25,10 @@ bool QuickMode();
 // gives that are not available are reported by test_main as not run.
 std::vector<std::string> TestTargets();
 
+// The space-separated target names in environment variable `name` into
+// *names; false (and *names untouched) when it is not set.
+bool TargetsFromEnv(const char* name, std::set<std::string>* names);
+
 // Called with RunInfo::target after every successful fast-path call.
 void RecordTargetRun(const std::string& target);
 std::set<std::string> TargetsRun();

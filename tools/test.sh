@@ -39,12 +39,12 @@ cmake -S . -B build/arm64 -G Ninja -DCMAKE_BUILD_TYPE=Release \
 echo "== x86-64 and aarch64 builds (aarch64 log: build/arm64-build.log)"
 cmake --build build/arm64 -j "$JOBS" > build/arm64-build.log 2>&1 &
 arm_build=$!
-x86_ok=0
-cmake --build build/x86 -j "$JOBS" || x86_ok=1
-arm_ok=0
-wait "$arm_build" || arm_ok=1
-if [ $arm_ok -ne 0 ]; then cat build/arm64-build.log; fi
-if [ $x86_ok -ne 0 ] || [ $arm_ok -ne 0 ]; then echo "== build FAILED"; exit 1; fi
+x86_failed=0
+cmake --build build/x86 -j "$JOBS" || x86_failed=1
+arm_failed=0
+wait "$arm_build" || arm_failed=1
+if [ $arm_failed -ne 0 ]; then cat build/arm64-build.log; fi
+if [ $x86_failed -ne 0 ] || [ $arm_failed -ne 0 ]; then echo "== build FAILED"; exit 1; fi
 tail -n 1 build/arm64-build.log
 
 status=0
