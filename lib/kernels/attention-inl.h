@@ -144,12 +144,53 @@ inline void WriteRows(const AttentionArgsF32& a, int64_t b, const RowTable& rt,
             rt.query[r] * a.o_strides[2]) * o_size;
   };
   auto inverse = [&](int64_t r) { return l[r] == 0.0f ? 0.0f : 1.0f / l[r]; };
+  // Element e of row r, already divided by l.
+  auto put = [&](int64_t r, int64_t e, float x) {
+    void* dst = out_row(r);
+    if (a.o_type == 0) {
+      static_cast<float*>(dst)[e] = x;
+    } else {
+      static_cast<uint16_t*>(dst)[e] = a.o_type == 1 ? F32ToF16(x) : F32ToBF16(x);
+    }
+  };
   int64_t r = 0;
   if (e_stride == 1) {
     for (; r < rows; ++r) {
       StoreOutputRow(d, a.o_type, acc + r * r_stride, dv, inverse(r), out_row(r));
     }
   }
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // O^T tile on AVX-512: 16 rows at a time through 16x16 transposes, each
+  // row's 16 values then scaled and stored straight to O (f32), or through
+  // StoreOutputRow (16-bit O).
+  if (r_stride == 1 && e_stride > 1) {
+    const hn::Full512<float> d16;
+    const int64_t full = dv / 16 * 16;
+    for (; r + 16 <= rows; r += 16) {
+      for (int64_t e = 0; e < full; e += 16) {
+        hn::Vec<decltype(d16)> v[16];
+        for (int t = 0; t < 16; ++t) v[t] = hn::LoadU(d16, acc + (e + t) * e_stride + r);
+        Transpose16x16(v);  // v[c]: elements e .. e + 15 of row r + c
+        for (int c = 0; c < 16; ++c) {
+          char* dst = static_cast<char*>(out_row(r + c)) + e * o_size;
+          if (a.o_type == 0) {
+            hn::StoreU(hn::Mul(v[c], hn::Set(d16, inverse(r + c))), d16,
+                       reinterpret_cast<float*>(dst));
+          } else {
+            HWY_ALIGN float tmp[16];
+            hn::Store(v[c], d16, tmp);
+            StoreOutputRow(d16, a.o_type, tmp, 16, inverse(r + c), dst);
+          }
+        }
+      }
+      for (int64_t e = full; e < dv; ++e) {
+        for (int c = 0; c < 16; ++c) {
+          put(r + c, e, acc[e * e_stride + r + c] * inverse(r + c));
+        }
+      }
+    }
+  }
+#endif
 #if HWY_TARGET != HWY_SCALAR
   // O^T tile: 4 rows at a time through 4x4 transposes, 64 columns per pass.
   constexpr int64_t kChunk = 64;
@@ -181,15 +222,7 @@ inline void WriteRows(const AttentionArgsF32& a, int64_t b, const RowTable& rt,
 #endif
   for (; r < rows; ++r) {  // leftover rows: one element at a time
     const float inv = inverse(r);
-    char* dst = static_cast<char*>(out_row(r));
-    for (int64_t e = 0; e < dv; ++e) {
-      const float x = acc[e * e_stride + r * r_stride] * inv;
-      if (a.o_type == 0) {
-        reinterpret_cast<float*>(dst)[e] = x;
-      } else {
-        reinterpret_cast<uint16_t*>(dst)[e] = a.o_type == 1 ? F32ToF16(x) : F32ToBF16(x);
-      }
-    }
+    for (int64_t e = 0; e < dv; ++e) put(r, e, acc[e * e_stride + r * r_stride] * inv);
   }
   if (a.lse != nullptr) {
     for (r = 0; r < rows; ++r) {
@@ -577,24 +610,76 @@ HWY_INLINE void QueryRow(D d, const AttentionArgsF32& a, int64_t b,
   for (; i < dk; ++i) dst[i] *= a.scale;
 }
 
-// qt[i * mq + r] = scale * q_r[i] for the block's mq lanes: 4 rows at a
-// time (widened and scaled into `rows`, 4 x Dk floats), spread along their
-// lanes with 4x4 transposes.
+// Row r's query as stored (any type).
+inline const void* QueryRowPtr(const AttentionArgsF32& a, int64_t b,
+                               const RowTable& rt, int64_t r) {
+  const int64_t at = b * a.q_strides[0] + rt.head[r] * a.q_strides[1] +
+                     rt.query[r] * a.q_strides[2];
+  return static_cast<const char*>(a.q) + at * (a.q_type == 0 ? 4 : 2);
+}
+
+// qt[i * mq + r] = scale * q_r[i] for the block's mq lanes. f32 rows are
+// read in place: on AVX-512 16 rows at a time through 16x16 transposes,
+// elsewhere 4 at a time through 4x4 transposes, scaled after the transpose
+// (the same single rounding of scale * q). 16-bit rows are first widened
+// and scaled into `rows` (4 x Dk floats). At L256 D64 the row copies and
+// 4x4 transposes took about 8% of a call (perf, AVX3_DL).
 template <class D>
 HWY_INLINE void PackQueries(D d, const AttentionArgsF32& a, int64_t b,
                             const RowTable& rt, int64_t mq,
                             float* HWY_RESTRICT rows, float* HWY_RESTRICT qt) {
   const int64_t dk = a.head_dim_qk;
   int64_t r = 0;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (a.q_type == 0 && mq % 16 == 0) {
+    const hn::Full512<float> d16;
+    const auto scale = hn::Set(d16, a.scale);
+    for (; r < mq; r += 16) {
+      const float* src[16];
+      for (int t = 0; t < 16; ++t) {
+        src[t] = static_cast<const float*>(QueryRowPtr(a, b, rt, r + t));
+      }
+      int64_t i = 0;
+      for (; i + 16 <= dk; i += 16) {
+        hn::Vec<decltype(d16)> v[16];
+        for (int t = 0; t < 16; ++t) v[t] = hn::LoadU(d16, src[t] + i);
+        Transpose16x16(v);  // v[c]: element i + c of the 16 rows
+        for (int c = 0; c < 16; ++c) {
+          hn::Store(hn::Mul(v[c], scale), d16, qt + (i + c) * mq + r);
+        }
+      }
+      for (; i < dk; ++i) {
+        for (int t = 0; t < 16; ++t) qt[i * mq + r + t] = src[t][i] * a.scale;
+      }
+    }
+    return;
+  }
+#endif
 #if HWY_TARGET != HWY_SCALAR
   const hn::CappedTag<float, 4> d4;
+  const auto scale4 = hn::Set(d4, a.scale);
   for (; r + 4 <= mq; r += 4) {
-    for (int t = 0; t < 4; ++t) QueryRow(d, a, b, rt, r + t, rows + t * dk);
+    const float* src[4];
+    if (a.q_type == 0) {
+      for (int t = 0; t < 4; ++t) {
+        src[t] = static_cast<const float*>(QueryRowPtr(a, b, rt, r + t));
+      }
+    } else {  // widened and scaled into rows
+      for (int t = 0; t < 4; ++t) QueryRow(d, a, b, rt, r + t, rows + t * dk);
+      for (int t = 0; t < 4; ++t) src[t] = rows + t * dk;
+    }
+    const bool scaled = a.q_type != 0;
     int64_t i = 0;
     for (; i + 4 <= dk; i += 4) {
-      auto a0 = hn::LoadU(d4, rows + i), a1 = hn::LoadU(d4, rows + dk + i);
-      auto a2 = hn::LoadU(d4, rows + 2 * dk + i), a3 = hn::LoadU(d4, rows + 3 * dk + i);
+      auto a0 = hn::LoadU(d4, src[0] + i), a1 = hn::LoadU(d4, src[1] + i);
+      auto a2 = hn::LoadU(d4, src[2] + i), a3 = hn::LoadU(d4, src[3] + i);
       Transpose4x4(d4, &a0, &a1, &a2, &a3);  // a_t: element i + t of 4 lanes
+      if (!scaled) {
+        a0 = hn::Mul(a0, scale4);
+        a1 = hn::Mul(a1, scale4);
+        a2 = hn::Mul(a2, scale4);
+        a3 = hn::Mul(a3, scale4);
+      }
       float* out = qt + i * mq + r;
       hn::StoreU(a0, d4, out);
       hn::StoreU(a1, d4, out + mq);
@@ -602,7 +687,9 @@ HWY_INLINE void PackQueries(D d, const AttentionArgsF32& a, int64_t b,
       hn::StoreU(a3, d4, out + 3 * mq);
     }
     for (; i < dk; ++i) {
-      for (int t = 0; t < 4; ++t) qt[i * mq + r + t] = rows[t * dk + i];
+      for (int t = 0; t < 4; ++t) {
+        qt[i * mq + r + t] = scaled ? src[t][i] : src[t][i] * a.scale;
+      }
     }
   }
 #endif
