@@ -9,6 +9,8 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
+#include <functional>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -560,6 +562,163 @@ void BenchDecodeOneDnn(benchmark::State& state, const Shape& s, KvStore kv,
   SetDecodeCounters(state, s, c.kv_bytes);
 }
 
+// Paired entries (paired/...): two calls, A and B, alternate inside every
+// iteration (which one goes first alternates too) and each is timed on its
+// own; the counter `ratio` is the median over iterations of time(B) /
+// time(A). The speed of a shared machine drifts over seconds, so two separate
+// entries run minutes apart can differ by 20% on identical work; the two
+// calls of a pair run under the same conditions. A call returns false after
+// marking the entry as an error.
+void TimePairs(benchmark::State& state, const std::function<bool()>& a,
+               const std::function<bool()>& b) {
+  std::vector<double> ratios, times_a, times_b;
+  bool b_first = false;
+  for (auto _ : state) {
+    double seconds[2] = {0.0, 0.0};  // A, B
+    for (int k = 0; k < 2; ++k) {
+      const bool run_b = (k == 0) == b_first;
+      const auto t0 = std::chrono::steady_clock::now();
+      if (!(run_b ? b() : a())) return;
+      seconds[run_b ? 1 : 0] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    ratios.push_back(seconds[1] / seconds[0]);
+    times_a.push_back(seconds[0]);
+    times_b.push_back(seconds[1]);
+    b_first = !b_first;
+  }
+  if (ratios.empty()) return;
+  auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    const size_t n = x.size();
+    return n % 2 == 1 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+  };
+  state.counters["ratio"] = median(ratios);
+  // Median milliseconds of each call, for reading the ratio against the
+  // separate entries.
+  state.counters["a_ms"] = 1e3 * median(times_a);
+  state.counters["b_ms"] = 1e3 * median(times_b);
+}
+
+// f32 prefill of shape s: A with options `a`, B with `b`, 1 thread.
+void BenchPairedPrefill(benchmark::State& state, const Shape& s,
+                        const Variant& a, const Variant& b) {
+  Problem p(s);
+  simdattn::ThreadPool pool(1);
+  simdattn::ExecutionOptions exec;
+  exec.pool = &pool;
+  VariantData data_a, data_b;
+  const simdattn::AttentionOptions opt_a = MakeOptions(s, a, &data_a);
+  const simdattn::AttentionOptions opt_b = MakeOptions(s, b, &data_b);
+  const auto q = simdattn::MakeBHSD(p.q.data(), simdattn::DType::kF32, s.batch,
+                                    s.q_heads, s.q_len, s.head_dim);
+  const auto k = simdattn::MakeBHSD(p.k.data(), simdattn::DType::kF32, s.batch,
+                                    s.kv_heads, s.kv_len, s.head_dim);
+  const auto v = simdattn::MakeBHSD(p.v.data(), simdattn::DType::kF32, s.batch,
+                                    s.kv_heads, s.kv_len, s.head_dim);
+  const auto o = simdattn::MakeBHSD(p.o.data(), simdattn::DType::kF32, s.batch,
+                                    s.q_heads, s.q_len, s.head_dim);
+  auto call = [&](const simdattn::AttentionOptions& opt) {
+    const simdattn::Status st = simdattn::Attention(q, k, v, o, opt, {}, exec);
+    if (!st.ok()) state.SkipWithError(st.message.c_str());
+    return st.ok();
+  };
+  TimePairs(state, [&] { return call(opt_a); }, [&] { return call(opt_b); });
+}
+
+// f32 prefill of shape s against oneDNN's unfused pipeline on the same
+// inputs: A = simdattn, B = oneDNN, so `ratio` is simdattn's speed-up.
+void BenchPairedOneDnn(benchmark::State& state, const Shape& s, bool causal,
+                       int threads) {
+  Problem p(s);
+  std::vector<float> o_dnn(p.o.size());
+  simdattn::bench::OneDnnAttention attn(s.batch, s.q_heads, s.kv_heads, s.q_len,
+                                        s.kv_len, s.head_dim, causal, false,
+                                        p.q.data(), p.k.data(), p.v.data(),
+                                        o_dnn.data());
+  if (!attn.error().empty()) {
+    state.SkipWithError(attn.error().c_str());
+    return;
+  }
+  simdattn::ThreadPool pool(threads);
+  simdattn::ExecutionOptions exec;
+  exec.pool = &pool;
+  simdattn::AttentionOptions options;
+  options.causal = causal;
+  const auto q = simdattn::MakeBHSD(p.q.data(), simdattn::DType::kF32, s.batch,
+                                    s.q_heads, s.q_len, s.head_dim);
+  const auto k = simdattn::MakeBHSD(p.k.data(), simdattn::DType::kF32, s.batch,
+                                    s.kv_heads, s.kv_len, s.head_dim);
+  const auto v = simdattn::MakeBHSD(p.v.data(), simdattn::DType::kF32, s.batch,
+                                    s.kv_heads, s.kv_len, s.head_dim);
+  const auto o = simdattn::MakeBHSD(p.o.data(), simdattn::DType::kF32, s.batch,
+                                    s.q_heads, s.q_len, s.head_dim);
+  TimePairs(
+      state,
+      [&] {
+        const simdattn::Status st = simdattn::Attention(q, k, v, o, options, {}, exec);
+        if (!st.ok()) state.SkipWithError(st.message.c_str());
+        return st.ok();
+      },
+      [&] {
+        attn.Run(threads);
+        return true;
+      });
+}
+
+// f32 prefill of shape s: A with 2 threads, B with 1, so `ratio` is the
+// 2-thread speed-up.
+void BenchPairedThreads(benchmark::State& state, const Shape& s, bool causal) {
+  Problem p(s);
+  simdattn::ThreadPool pool1(1), pool2(2);
+  simdattn::ExecutionOptions exec1, exec2;
+  exec1.pool = &pool1;
+  exec2.pool = &pool2;
+  simdattn::AttentionOptions options;
+  options.causal = causal;
+  const auto q = simdattn::MakeBHSD(p.q.data(), simdattn::DType::kF32, s.batch,
+                                    s.q_heads, s.q_len, s.head_dim);
+  const auto k = simdattn::MakeBHSD(p.k.data(), simdattn::DType::kF32, s.batch,
+                                    s.kv_heads, s.kv_len, s.head_dim);
+  const auto v = simdattn::MakeBHSD(p.v.data(), simdattn::DType::kF32, s.batch,
+                                    s.kv_heads, s.kv_len, s.head_dim);
+  const auto o = simdattn::MakeBHSD(p.o.data(), simdattn::DType::kF32, s.batch,
+                                    s.q_heads, s.q_len, s.head_dim);
+  auto call = [&](const simdattn::ExecutionOptions& exec) {
+    const simdattn::Status st = simdattn::Attention(q, k, v, o, options, {}, exec);
+    if (!st.ok()) state.SkipWithError(st.message.c_str());
+    return st.ok();
+  };
+  TimePairs(state, [&] { return call(exec2); }, [&] { return call(exec1); });
+}
+
+// Decode with an f16 KV cache (cold, as BenchDecodeSimdattn): A and B each
+// take the next copy in turn, 1 thread.
+void BenchPairedDecode(benchmark::State& state, const Shape& s,
+                       const Variant& a, const Variant& b) {
+  DecodeCopies c = MakeDecodeCopies(s, KvStore::kF16, false);
+  simdattn::ThreadPool pool(1);
+  simdattn::ExecutionOptions exec;
+  exec.pool = &pool;
+  VariantData data_a, data_b;
+  const simdattn::AttentionOptions opt_a = MakeOptions(s, a, &data_a);
+  const simdattn::AttentionOptions opt_b = MakeOptions(s, b, &data_b);
+  const auto o = simdattn::MakeBHSD(c.o.data(), simdattn::DType::kF32, s.batch,
+                                    s.q_heads, s.q_len, s.head_dim);
+  size_t i = 0;
+  auto call = [&](const simdattn::AttentionOptions& opt) {
+    const simdattn::Status st = simdattn::Attention(
+        simdattn::MakeBHSD(c.q[i].data(), simdattn::DType::kF32, s.batch, s.q_heads, s.q_len, s.head_dim),
+        simdattn::MakeBHSD(c.k16[i].data(), simdattn::DType::kF16, s.batch, s.kv_heads, s.kv_len, s.head_dim),
+        simdattn::MakeBHSD(c.v16[i].data(), simdattn::DType::kF16, s.batch, s.kv_heads, s.kv_len, s.head_dim),
+        o, opt, {}, exec);
+    i = (i + 1) % c.copies;
+    if (!st.ok()) state.SkipWithError(st.message.c_str());
+    return st.ok();
+  };
+  TimePairs(state, [&] { return call(opt_a); }, [&] { return call(opt_b); });
+}
+
 // Keeps the median of each entry for the summary table.
 class SummaryReporter : public benchmark::ConsoleReporter {
  public:
@@ -568,6 +727,13 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     for (const Run& r : runs) {
       const bool median = r.aggregate_name == "median";
       if (r.run_type == Run::RT_Aggregate && !median) continue;
+      if (auto rc = r.counters.find("ratio"); rc != r.counters.end() && !r.error_occurred) {
+        std::string name = r.run_name.str();
+        const size_t mt = name.find("/min_time:");  // then /real_time
+        if (mt != std::string::npos) name.erase(mt);
+        if (median || ratios_.count(name) == 0) ratios_[name] = double(rc->second);
+        continue;
+      }
       auto it = r.counters.find("FLOPS");
       if (it == r.counters.end()) it = r.counters.find("bytes");
       if (it == r.counters.end() || r.error_occurred) continue;
@@ -636,26 +802,71 @@ class SummaryReporter : public benchmark::ConsoleReporter {
                   name.substr(b + 1).c_str(), label.c_str(), m.flops * 1e-9,
                   peak.c_str(), vs_dnn.c_str(), vs_naive.c_str(), vs_f32.c_str());
     }
+    // The same figures from the paired/ entries (f32): each is a median of
+    // call-by-call ratios, where the figures above divide medians of entries
+    // that ran minutes apart.
+    std::printf("\n%-44s %12s %12s\n", "paired, call by call (f32)",
+                "vs oneDNN 1T", "2T / 1T");
+    std::map<std::string, std::map<std::string, double>> paired;
+    for (const auto& [name, ratio] : ratios_) {
+      // paired/f32/<shape>/<mask>/<what>/threads:<n> or .../threads2_vs_threads1
+      if (name.rfind("paired/f32/", 0) != 0) continue;
+      const size_t shape = std::string("paired/f32/").size();
+      const size_t mask_end = name.find('/', name.find('/', shape) + 1);
+      const std::string what = name.substr(mask_end + 1);
+      paired[name.substr(shape, mask_end - shape)][what] = ratio;
+    }
+    for (const auto& [shape_mask, figures] : paired) {
+      auto cell = [&figures](const char* what, const char* format, double scale) {
+        auto it = figures.find(what);
+        char buf[32] = "";
+        if (it != figures.end()) std::snprintf(buf, sizeof(buf), format, scale * it->second);
+        return std::string(buf);
+      };
+      const std::string vs_dnn = cell("onednn_vs_simdattn/threads:1", "%.2fx", 1.0);
+      const std::string scaling = cell("threads2_vs_threads1", "%.2fx", 1.0);
+      if ((vs_dnn + scaling).empty()) continue;
+      std::printf("%-44s %12s %12s\n", shape_mask.c_str(), vs_dnn.c_str(), scaling.c_str());
+    }
     // Option costs: time relative to plain attention with the same visible
     // pairs (the option entries do the same work per call, so the ratio of
     // any rate counter is the ratio of times), and the window's speed-up
     // over causal.
-    auto option_costs = [this](const char* title, const std::string& base) {
+    // "paired": from the paired/ entries (median of call-by-call ratios, the
+    // figure to trust); "entries": from the separate attention/ entries.
+    auto option_costs = [this](const char* title, const std::string& dtype_shape) {
+      const std::string base = "attention/simdattn/" + dtype_shape + "/";
       auto plain = medians_.find(base + "none/threads:1");
-      if (plain == medians_.end()) return;
-      std::printf("\n%-40s %12s\n", title, "extra time");
+      std::printf("\n%-40s %16s %16s\n", title, "extra (paired)", "extra (entries)");
       for (const char* opt : {"softcap", "alibi", "sinks", "mask_bool", "mask_add",
                               "kv_lengths", "dropout"}) {
+        std::string paired, entries;
+        char buf[32];
+        auto pr = ratios_.find("paired/" + dtype_shape + "/" + opt + "_vs_none/threads:1");
+        if (pr != ratios_.end()) {
+          std::snprintf(buf, sizeof(buf), "%.1f%%", 100.0 * (pr->second - 1.0));
+          paired = buf;
+        }
         auto it = medians_.find(base + opt + "/threads:1");
-        if (it == medians_.end() || it->second.bytes <= 0) continue;
-        std::printf("%-40s %11.0f%%\n", opt,
-                    100.0 * (plain->second.bytes / it->second.bytes - 1.0));
+        if (plain != medians_.end() && it != medians_.end() && it->second.bytes > 0) {
+          std::snprintf(buf, sizeof(buf), "%.0f%%",
+                        100.0 * (plain->second.bytes / it->second.bytes - 1.0));
+          entries = buf;
+        }
+        if (paired.empty() && entries.empty()) continue;
+        std::printf("%-40s %16s %16s\n", opt, paired.c_str(), entries.c_str());
       }
     };
     option_costs("option (B1 H8 L2048 D128, 1 thread)",
-                 "attention/simdattn/f32/B1_Hq8_Hkv8_Lq2048_Lk2048_D128/");
+                 "f32/B1_Hq8_Hkv8_Lq2048_Lk2048_D128");
     option_costs("option (decode f16 KV Lk 16384, 1 thread)",
-                 "attention/simdattn/qf32kvf16/B1_Hq32_Hkv8_Lq1_Lk16384_D128/");
+                 "qf32kvf16/B1_Hq32_Hkv8_Lq1_Lk16384_D128");
+    auto paired_window = ratios_.find(
+        "paired/f32/B1_Hq8_Hkv8_Lq8192_Lk8192_D128/causal_vs_causal_window512/threads:1");
+    if (paired_window != ratios_.end()) {
+      std::printf("window 512 over L 8192 vs full causal (paired): %.1fx faster\n",
+                  paired_window->second);
+    }
     const std::string wbase = "attention/simdattn/f32/B1_Hq8_Hkv8_Lq8192_Lk8192_D128/";
     auto full = medians_.find(wbase + "causal/threads:1");
     auto win = medians_.find(wbase + "causal_window512/threads:1");
@@ -664,7 +875,8 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       Shape w{1, 8, 8, 8192, 8192, 128};
       const double t_full = VisiblePairs(w, true) / full->second.flops;
       const double t_win = VisiblePairs(w, true, 511) / win->second.flops;
-      std::printf("window 512 over L 8192 vs full causal: %.1fx faster\n", t_full / t_win);
+      std::printf("window 512 over L 8192 vs full causal (entries): %.1fx faster\n",
+                  t_full / t_win);
     }
 
     // Decode: bound by reading K and V once.
@@ -740,6 +952,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     std::string label;
   };
   std::map<std::string, Median> medians_;
+  std::map<std::string, double> ratios_;  // paired entries' `ratio`
 };
 
 }  // namespace
@@ -807,6 +1020,20 @@ int main(int argc, char** argv) {
                                        BenchOneDnn(st, s, causal, threads);
                                      })
             ->UseRealTime()->Unit(benchmark::kMillisecond);
+        // The same comparison paired call by call (TimePairs), 1 thread only:
+        // with 2 threads on 2 cores, oneDNN's OpenMP workers still spin
+        // after its call and take a core from the simdattn call paired with
+        // it (measured: simdattn's 2-thread time 5.1 ms after a simdattn
+        // call, 6.9 ms after a oneDNN one, B4 H16 L256 D64). Pairing with
+        // the FMA loop was tried too and dropped: right after it the
+        // attention call ran 13.5 ms against 10.1 ms after oneDNN (clocks).
+        if (threads == 1) {
+          benchmark::RegisterBenchmark(("paired/" + base + "/onednn_vs_simdattn" + t).c_str(),
+                                       [s, causal, threads](benchmark::State& st) {
+                                         BenchPairedOneDnn(st, s, causal, threads);
+                                       })
+              ->UseRealTime()->MinTime(3.0)->Unit(benchmark::kMillisecond);
+        }
         // 16-bit storage: simdattn in bf16 and f16, oneDNN in bf16.
         const std::string rest = s.Name() + "/" + mask + t;
         for (simdattn::DType dt : {simdattn::DType::kBF16, simdattn::DType::kF16}) {
@@ -823,6 +1050,11 @@ int main(int argc, char** argv) {
                                      })
             ->UseRealTime()->Unit(benchmark::kMillisecond);
       }
+      benchmark::RegisterBenchmark(("paired/" + base + "/threads2_vs_threads1").c_str(),
+                                   [s, causal](benchmark::State& st) {
+                                     BenchPairedThreads(st, s, causal);
+                                   })
+          ->UseRealTime()->MinTime(3.0)->Unit(benchmark::kMillisecond);
       // The plain loop is ~50x slower: only on the small shapes.
       if (s.q_len * s.kv_len <= 512 * 512) {
         benchmark::RegisterBenchmark(("attention/naive/" + base + "/threads:1").c_str(),
@@ -870,6 +1102,29 @@ int main(int argc, char** argv) {
           [w, var](benchmark::State& st) { BenchSimdattn(st, w, var, 1); })
           ->UseRealTime()->Unit(benchmark::kMillisecond);
     }
+    // The same comparisons, paired call by call (TimePairs): ratio = time
+    // with the option / time without; for the window, time of full causal /
+    // time of the window. Prefill pairs take about 0.3 s: 10 s gives some 30
+    // pairs per run (3 s gave 8 to 17, and medians that moved by 5-10%
+    // between runs); decode pairs take about 25 ms.
+    const Variant plain;
+    for (const Variant& var : vars) {
+      benchmark::RegisterBenchmark(
+          ("paired/f32/" + s.Name() + "/" + var.name + "_vs_none/threads:1").c_str(),
+          [s, plain, var](benchmark::State& st) { BenchPairedPrefill(st, s, plain, var); })
+          ->UseRealTime()->MinTime(10.0)->Unit(benchmark::kMillisecond);
+    }
+    for (const Variant& var : vars) {
+      benchmark::RegisterBenchmark(
+          (std::string("paired/") + DecodeDtypeName(KvStore::kF16, false) + "/" +
+           dec.Name() + "/" + var.name + "_vs_none/threads:1").c_str(),
+          [dec, plain, var](benchmark::State& st) { BenchPairedDecode(st, dec, plain, var); })
+          ->UseRealTime()->MinTime(3.0)->Unit(benchmark::kMillisecond);
+    }
+    benchmark::RegisterBenchmark(
+        ("paired/f32/" + w.Name() + "/causal_vs_causal_window512/threads:1").c_str(),
+        [w, window, causal](benchmark::State& st) { BenchPairedPrefill(st, w, window, causal); })
+        ->UseRealTime()->MinTime(10.0)->Unit(benchmark::kMillisecond);
   }
 
   for (int64_t lk : {4096, 16384, 65536}) {
