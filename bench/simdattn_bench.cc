@@ -74,6 +74,24 @@ struct Problem {
     for (float& x : k) x = dist(rng);
     for (float& x : v) x = dist(rng);
   }
+
+  // f32 views of the tensors, BHSD.
+  simdattn::TensorView Q() const {
+    return simdattn::MakeBHSD(q.data(), simdattn::DType::kF32, shape.batch,
+                              shape.q_heads, shape.q_len, shape.head_dim);
+  }
+  simdattn::TensorView K() const {
+    return simdattn::MakeBHSD(k.data(), simdattn::DType::kF32, shape.batch,
+                              shape.kv_heads, shape.kv_len, shape.head_dim);
+  }
+  simdattn::TensorView V() const {
+    return simdattn::MakeBHSD(v.data(), simdattn::DType::kF32, shape.batch,
+                              shape.kv_heads, shape.kv_len, shape.head_dim);
+  }
+  simdattn::MutableTensorView O() {
+    return simdattn::MakeBHSD(o.data(), simdattn::DType::kF32, shape.batch,
+                              shape.q_heads, shape.q_len, shape.head_dim);
+  }
 };
 
 // The plain unfused loop a user would write without a library: S = Q·Kᵀ
@@ -219,14 +237,8 @@ void BenchSimdattn(benchmark::State& state, const Shape& s, const Variant& var,
   exec.pool = &pool;
   VariantData data;
   const simdattn::AttentionOptions options = MakeOptions(s, var, &data);
-  const auto q = simdattn::MakeBHSD(p.q.data(), simdattn::DType::kF32, s.batch,
-                                    s.q_heads, s.q_len, s.head_dim);
-  const auto k = simdattn::MakeBHSD(p.k.data(), simdattn::DType::kF32, s.batch,
-                                    s.kv_heads, s.kv_len, s.head_dim);
-  const auto v = simdattn::MakeBHSD(p.v.data(), simdattn::DType::kF32, s.batch,
-                                    s.kv_heads, s.kv_len, s.head_dim);
-  const auto o = simdattn::MakeBHSD(p.o.data(), simdattn::DType::kF32, s.batch,
-                                    s.q_heads, s.q_len, s.head_dim);
+  const auto q = p.Q(), k = p.K(), v = p.V();
+  const auto o = p.O();
   if (TimeAttention(state, q, k, v, o, options, exec)) {
     SetCounters(state, s, var.causal, var.window_left);
   }
@@ -379,12 +391,7 @@ bool Verify(const Shape& s, bool causal) {
   Problem p(s);
   simdattn::AttentionOptions options;
   options.causal = causal;
-  const auto q = simdattn::MakeBHSD(p.q.data(), simdattn::DType::kF32, s.batch,
-                                    s.q_heads, s.q_len, s.head_dim);
-  const auto k = simdattn::MakeBHSD(p.k.data(), simdattn::DType::kF32, s.batch,
-                                    s.kv_heads, s.kv_len, s.head_dim);
-  const auto v = simdattn::MakeBHSD(p.v.data(), simdattn::DType::kF32, s.batch,
-                                    s.kv_heads, s.kv_len, s.head_dim);
+  const auto q = p.Q(), k = p.K(), v = p.V();
   std::vector<double> ref;
   if (!simdattn::ReferenceAttention(q, k, v, options, &ref, nullptr).ok()) return false;
   auto max_err = [&](const std::vector<float>& o) {
@@ -610,14 +617,8 @@ void BenchPairedPrefill(benchmark::State& state, const Shape& s,
   VariantData data_a, data_b;
   const simdattn::AttentionOptions opt_a = MakeOptions(s, a, &data_a);
   const simdattn::AttentionOptions opt_b = MakeOptions(s, b, &data_b);
-  const auto q = simdattn::MakeBHSD(p.q.data(), simdattn::DType::kF32, s.batch,
-                                    s.q_heads, s.q_len, s.head_dim);
-  const auto k = simdattn::MakeBHSD(p.k.data(), simdattn::DType::kF32, s.batch,
-                                    s.kv_heads, s.kv_len, s.head_dim);
-  const auto v = simdattn::MakeBHSD(p.v.data(), simdattn::DType::kF32, s.batch,
-                                    s.kv_heads, s.kv_len, s.head_dim);
-  const auto o = simdattn::MakeBHSD(p.o.data(), simdattn::DType::kF32, s.batch,
-                                    s.q_heads, s.q_len, s.head_dim);
+  const auto q = p.Q(), k = p.K(), v = p.V();
+  const auto o = p.O();
   auto call = [&](const simdattn::AttentionOptions& opt) {
     const simdattn::Status st = simdattn::Attention(q, k, v, o, opt, {}, exec);
     if (!st.ok()) state.SkipWithError(st.message.c_str());
@@ -645,14 +646,8 @@ void BenchPairedOneDnn(benchmark::State& state, const Shape& s, bool causal,
   exec.pool = &pool;
   simdattn::AttentionOptions options;
   options.causal = causal;
-  const auto q = simdattn::MakeBHSD(p.q.data(), simdattn::DType::kF32, s.batch,
-                                    s.q_heads, s.q_len, s.head_dim);
-  const auto k = simdattn::MakeBHSD(p.k.data(), simdattn::DType::kF32, s.batch,
-                                    s.kv_heads, s.kv_len, s.head_dim);
-  const auto v = simdattn::MakeBHSD(p.v.data(), simdattn::DType::kF32, s.batch,
-                                    s.kv_heads, s.kv_len, s.head_dim);
-  const auto o = simdattn::MakeBHSD(p.o.data(), simdattn::DType::kF32, s.batch,
-                                    s.q_heads, s.q_len, s.head_dim);
+  const auto q = p.Q(), k = p.K(), v = p.V();
+  const auto o = p.O();
   TimePairs(
       state,
       [&] {
@@ -676,14 +671,8 @@ void BenchPairedThreads(benchmark::State& state, const Shape& s, bool causal) {
   exec2.pool = &pool2;
   simdattn::AttentionOptions options;
   options.causal = causal;
-  const auto q = simdattn::MakeBHSD(p.q.data(), simdattn::DType::kF32, s.batch,
-                                    s.q_heads, s.q_len, s.head_dim);
-  const auto k = simdattn::MakeBHSD(p.k.data(), simdattn::DType::kF32, s.batch,
-                                    s.kv_heads, s.kv_len, s.head_dim);
-  const auto v = simdattn::MakeBHSD(p.v.data(), simdattn::DType::kF32, s.batch,
-                                    s.kv_heads, s.kv_len, s.head_dim);
-  const auto o = simdattn::MakeBHSD(p.o.data(), simdattn::DType::kF32, s.batch,
-                                    s.q_heads, s.q_len, s.head_dim);
+  const auto q = p.Q(), k = p.K(), v = p.V();
+  const auto o = p.O();
   auto call = [&](const simdattn::ExecutionOptions& exec) {
     const simdattn::Status st = simdattn::Attention(q, k, v, o, options, {}, exec);
     if (!st.ok()) state.SkipWithError(st.message.c_str());
