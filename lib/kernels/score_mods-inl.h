@@ -670,9 +670,10 @@ HWY_INLINE void BiasRow(D d, const float* HWY_RESTRICT bias, int64_t n,
 // 8 keys: each call gives 4 words per lane, which StoreInterleaved2 of
 // (w0, w1) and (w2, w3) pairs lays out in key order, two 16-bit draws per
 // word (low half first: both targets are little-endian). At most
-// kDropoutRowKeys keys per call. Measured against 32-bit counter lanes
-// (PhiloxLanes, half of them unused at 8 groups per tile) on decode, f16
-// KV, Lk 16384, 1 thread, alternating call by call: see the commit.
+// kDropoutRowKeys keys per call. Against 32-bit counter lanes (PhiloxLanes,
+// half of them unused at 8 groups per tile), alternating call by call on
+// decode with f16 KV, B1 Hq32 Hkv8 Lk 16384 D128, dropout 0.1, 1 thread:
+// the old code took 6.8% longer (median of 60 pairs).
 constexpr int64_t kDropoutRowKeys = 64;
 
 template <class D>
