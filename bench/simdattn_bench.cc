@@ -607,6 +607,17 @@ void TimePairs(benchmark::State& state, const std::function<bool()>& a,
   state.counters["b_ms"] = 1e3 * median(times_b);
 }
 
+// One simdattn call on p's f32 tensors for the paired entries; false (and
+// the entry marked as an error) if it fails.
+bool CallF32(benchmark::State& state, Problem& p,
+             const simdattn::AttentionOptions& options,
+             const simdattn::ExecutionOptions& exec) {
+  const simdattn::Status st =
+      simdattn::Attention(p.Q(), p.K(), p.V(), p.O(), options, {}, exec);
+  if (!st.ok()) state.SkipWithError(st.message.c_str());
+  return st.ok();
+}
+
 // f32 prefill of shape s: A with options `a`, B with `b`, 1 thread.
 void BenchPairedPrefill(benchmark::State& state, const Shape& s,
                         const Variant& a, const Variant& b) {
@@ -617,14 +628,8 @@ void BenchPairedPrefill(benchmark::State& state, const Shape& s,
   VariantData data_a, data_b;
   const simdattn::AttentionOptions opt_a = MakeOptions(s, a, &data_a);
   const simdattn::AttentionOptions opt_b = MakeOptions(s, b, &data_b);
-  const auto q = p.Q(), k = p.K(), v = p.V();
-  const auto o = p.O();
-  auto call = [&](const simdattn::AttentionOptions& opt) {
-    const simdattn::Status st = simdattn::Attention(q, k, v, o, opt, {}, exec);
-    if (!st.ok()) state.SkipWithError(st.message.c_str());
-    return st.ok();
-  };
-  TimePairs(state, [&] { return call(opt_a); }, [&] { return call(opt_b); });
+  TimePairs(state, [&] { return CallF32(state, p, opt_a, exec); },
+            [&] { return CallF32(state, p, opt_b, exec); });
 }
 
 // f32 prefill of shape s against oneDNN's unfused pipeline on the same
@@ -646,19 +651,11 @@ void BenchPairedOneDnn(benchmark::State& state, const Shape& s, bool causal,
   exec.pool = &pool;
   simdattn::AttentionOptions options;
   options.causal = causal;
-  const auto q = p.Q(), k = p.K(), v = p.V();
-  const auto o = p.O();
-  TimePairs(
-      state,
-      [&] {
-        const simdattn::Status st = simdattn::Attention(q, k, v, o, options, {}, exec);
-        if (!st.ok()) state.SkipWithError(st.message.c_str());
-        return st.ok();
-      },
-      [&] {
-        attn.Run(threads);
-        return true;
-      });
+  TimePairs(state, [&] { return CallF32(state, p, options, exec); },
+            [&] {
+              attn.Run(threads);
+              return true;
+            });
 }
 
 // f32 prefill of shape s: A with 2 threads, B with 1, so `ratio` is the
@@ -671,14 +668,8 @@ void BenchPairedThreads(benchmark::State& state, const Shape& s, bool causal) {
   exec2.pool = &pool2;
   simdattn::AttentionOptions options;
   options.causal = causal;
-  const auto q = p.Q(), k = p.K(), v = p.V();
-  const auto o = p.O();
-  auto call = [&](const simdattn::ExecutionOptions& exec) {
-    const simdattn::Status st = simdattn::Attention(q, k, v, o, options, {}, exec);
-    if (!st.ok()) state.SkipWithError(st.message.c_str());
-    return st.ok();
-  };
-  TimePairs(state, [&] { return call(exec2); }, [&] { return call(exec1); });
+  TimePairs(state, [&] { return CallF32(state, p, options, exec2); },
+            [&] { return CallF32(state, p, options, exec1); });
 }
 
 // Decode with an f16 KV cache (cold, as BenchDecodeSimdattn): A and B each
