@@ -580,10 +580,28 @@ HWY_INLINE void DropoutTile(D d, int cols, const AttentionArgsF32& a,
       w3 = hn::ConcatEven(du, u3, w3);
       const int64_t j_first = std::max<int64_t>(G * g, kv_begin) - kv_begin;
       const int64_t j_end = std::min<int64_t>(G * g + G, kv_begin + num_keys) - kv_begin;
-      for (int64_t j = j_first; j < j_end; ++j) {
-        const auto draw = DrawOfKey(du, (kv_begin + j) % G, w0, w1, w2, w3);
+      const auto apply = [&](int64_t j, hn::VFromD<decltype(du)> draw) {
         float* HWY_RESTRICT x = st + j * stride + c * N;
         hn::Store(DropoutLanes(d, draw, hn::Load(d, x), rule), d, x);
+      };
+      if (j_end - j_first == G) {
+        // A whole group, unrolled so that each key's word and half are
+        // known at compile time: against the loop below (which picks them at
+        // run time), alternating call by call, f32 B1 H8 L2048 D128,
+        // dropout 0.1, 1 thread: 1.012x faster (63 of 100 pairs).
+        static_assert(G == 8, "four words of two draws");
+        apply(j_first + 0, DrawOfKey(du, 0, w0, w1, w2, w3));
+        apply(j_first + 1, DrawOfKey(du, 1, w0, w1, w2, w3));
+        apply(j_first + 2, DrawOfKey(du, 2, w0, w1, w2, w3));
+        apply(j_first + 3, DrawOfKey(du, 3, w0, w1, w2, w3));
+        apply(j_first + 4, DrawOfKey(du, 4, w0, w1, w2, w3));
+        apply(j_first + 5, DrawOfKey(du, 5, w0, w1, w2, w3));
+        apply(j_first + 6, DrawOfKey(du, 6, w0, w1, w2, w3));
+        apply(j_first + 7, DrawOfKey(du, 7, w0, w1, w2, w3));
+        continue;
+      }
+      for (int64_t j = j_first; j < j_end; ++j) {
+        apply(j, DrawOfKey(du, (kv_begin + j) % G, w0, w1, w2, w3));
       }
     }
   }
