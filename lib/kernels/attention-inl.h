@@ -587,20 +587,26 @@ inline void PackKvImpl(const AttentionArgsF32& a, int64_t group,
   }
 }
 
+// Row r's query as stored (any type).
+inline const void* QueryRowPtr(const AttentionArgsF32& a, int64_t b,
+                               const RowTable& rt, int64_t r) {
+  const int64_t at = b * a.q_strides[0] + rt.head[r] * a.q_strides[1] +
+                     rt.query[r] * a.q_strides[2];
+  return static_cast<const char*>(a.q) + at * (a.q_type == 0 ? 4 : 2);
+}
+
 // Row r's query widened exactly to f32 and scaled: dst[i] = scale * q[i].
 // 16-bit rows go through WidenRow (hardware f16 where the target has it).
 template <class D>
 HWY_INLINE void QueryRow(D d, const AttentionArgsF32& a, int64_t b,
                          const RowTable& rt, int64_t r,
                          float* HWY_RESTRICT dst) {
-  const int64_t at = b * a.q_strides[0] + rt.head[r] * a.q_strides[1] +
-                     rt.query[r] * a.q_strides[2];
+  const void* src = QueryRowPtr(a, b, rt, r);
   const int64_t dk = a.head_dim_qk;
   if (a.q_type == 0) {
-    std::memcpy(dst, static_cast<const float*>(a.q) + at,
-                static_cast<size_t>(dk) * sizeof(float));
+    std::memcpy(dst, src, static_cast<size_t>(dk) * sizeof(float));
   } else {
-    WidenRow(d, static_cast<const uint16_t*>(a.q) + at,
+    WidenRow(d, static_cast<const uint16_t*>(src),
              a.q_type == 1 ? KvType::kF16 : KvType::kBF16, dk, dst);
   }
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -608,14 +614,6 @@ HWY_INLINE void QueryRow(D d, const AttentionArgsF32& a, int64_t b,
   int64_t i = 0;
   for (; i + N <= dk; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, dst + i), scale), d, dst + i);
   for (; i < dk; ++i) dst[i] *= a.scale;
-}
-
-// Row r's query as stored (any type).
-inline const void* QueryRowPtr(const AttentionArgsF32& a, int64_t b,
-                               const RowTable& rt, int64_t r) {
-  const int64_t at = b * a.q_strides[0] + rt.head[r] * a.q_strides[1] +
-                     rt.query[r] * a.q_strides[2];
-  return static_cast<const char*>(a.q) + at * (a.q_type == 0 ? 4 : 2);
 }
 
 // qt[i * mq + r] = scale * q_r[i] for the block's mq lanes. f32 rows are
