@@ -205,6 +205,17 @@ simdattn::AttentionOptions MakeOptions(const Shape& s, const Variant& v,
   return o;
 }
 
+// The options of two variants of one shape (a paired entry's A and B),
+// with the data they point into.
+struct OptionPair {
+  VariantData data_a, data_b;
+  simdattn::AttentionOptions a, b;
+  OptionPair(const Shape& s, const Variant& va, const Variant& vb)
+      : a(MakeOptions(s, va, &data_a)), b(MakeOptions(s, vb, &data_b)) {}
+  OptionPair(const OptionPair&) = delete;  // a and b point into the data
+  OptionPair& operator=(const OptionPair&) = delete;
+};
+
 // The timed loop of the simdattn entries: one Attention() call per
 // iteration; labels the entry with the target that ran. False (and the
 // entry marked as an error) if a call fails.
@@ -625,11 +636,9 @@ void BenchPairedPrefill(benchmark::State& state, const Shape& s,
   simdattn::ThreadPool pool(1);
   simdattn::ExecutionOptions exec;
   exec.pool = &pool;
-  VariantData data_a, data_b;
-  const simdattn::AttentionOptions opt_a = MakeOptions(s, a, &data_a);
-  const simdattn::AttentionOptions opt_b = MakeOptions(s, b, &data_b);
-  TimePairs(state, [&] { return CallF32(state, p, opt_a, exec); },
-            [&] { return CallF32(state, p, opt_b, exec); });
+  const OptionPair opt(s, a, b);
+  TimePairs(state, [&] { return CallF32(state, p, opt.a, exec); },
+            [&] { return CallF32(state, p, opt.b, exec); });
 }
 
 // f32 prefill of shape s against oneDNN's unfused pipeline on the same
@@ -680,9 +689,7 @@ void BenchPairedDecode(benchmark::State& state, const Shape& s,
   simdattn::ThreadPool pool(1);
   simdattn::ExecutionOptions exec;
   exec.pool = &pool;
-  VariantData data_a, data_b;
-  const simdattn::AttentionOptions opt_a = MakeOptions(s, a, &data_a);
-  const simdattn::AttentionOptions opt_b = MakeOptions(s, b, &data_b);
+  const OptionPair opts(s, a, b);
   const auto o = simdattn::MakeBHSD(c.o.data(), simdattn::DType::kF32, s.batch,
                                     s.q_heads, s.q_len, s.head_dim);
   size_t i = 0;
@@ -696,7 +703,7 @@ void BenchPairedDecode(benchmark::State& state, const Shape& s,
     if (!st.ok()) state.SkipWithError(st.message.c_str());
     return st.ok();
   };
-  TimePairs(state, [&] { return call(opt_a); }, [&] { return call(opt_b); });
+  TimePairs(state, [&] { return call(opts.a); }, [&] { return call(opts.b); });
 }
 
 // Keeps the median of each entry for the summary table.
