@@ -518,6 +518,24 @@ void SetDecodeCounters(benchmark::State& state, const Shape& s, double kv_bytes)
       benchmark::Counter::kIsRate);
 }
 
+// simdattn's f32 Q and K/V (as stored) of copy i.
+struct DecodeInputs {
+  simdattn::TensorView q, k, v;
+};
+DecodeInputs SimdattnDecodeInputs(const DecodeCopies& c, const Shape& s,
+                                  KvStore kv, size_t i) {
+  const bool f32 = kv == KvStore::kF32;
+  const simdattn::DType kv_type = f32                    ? simdattn::DType::kF32
+                                  : kv == KvStore::kF16 ? simdattn::DType::kF16
+                                                        : simdattn::DType::kBF16;
+  const void* k = f32 ? (const void*)c.k32[i].data() : c.k16[i].data();
+  const void* v = f32 ? (const void*)c.v32[i].data() : c.v16[i].data();
+  return {simdattn::MakeBHSD(c.q[i].data(), simdattn::DType::kF32, s.batch, s.q_heads,
+                             s.q_len, s.head_dim),
+          simdattn::MakeBHSD(k, kv_type, s.batch, s.kv_heads, s.kv_len, s.head_dim),
+          simdattn::MakeBHSD(v, kv_type, s.batch, s.kv_heads, s.kv_len, s.head_dim)};
+}
+
 void BenchDecodeSimdattn(benchmark::State& state, const Shape& s, KvStore kv,
                          int threads, const Variant& var = Variant()) {
   DecodeCopies c = MakeDecodeCopies(s, kv, false);
@@ -526,21 +544,14 @@ void BenchDecodeSimdattn(benchmark::State& state, const Shape& s, KvStore kv,
   exec.pool = &pool;
   VariantData data;
   const simdattn::AttentionOptions options = MakeOptions(s, var, &data);
-  const simdattn::DType kv_type = kv == KvStore::kF32 ? simdattn::DType::kF32
-                                  : kv == KvStore::kF16 ? simdattn::DType::kF16
-                                                        : simdattn::DType::kBF16;
   const auto o = simdattn::MakeBHSD(c.o.data(), simdattn::DType::kF32, s.batch,
                                     s.q_heads, s.q_len, s.head_dim);
   simdattn::RunInfo info;
   size_t i = 0;
   for (auto _ : state) {
-    const void* k = kv == KvStore::kF32 ? (const void*)c.k32[i].data() : c.k16[i].data();
-    const void* v = kv == KvStore::kF32 ? (const void*)c.v32[i].data() : c.v16[i].data();
-    const simdattn::Status st = simdattn::Attention(
-        simdattn::MakeBHSD(c.q[i].data(), simdattn::DType::kF32, s.batch, s.q_heads, s.q_len, s.head_dim),
-        simdattn::MakeBHSD(k, kv_type, s.batch, s.kv_heads, s.kv_len, s.head_dim),
-        simdattn::MakeBHSD(v, kv_type, s.batch, s.kv_heads, s.kv_len, s.head_dim),
-        o, options, {}, exec, &info);
+    const DecodeInputs in = SimdattnDecodeInputs(c, s, kv, i);
+    const simdattn::Status st =
+        simdattn::Attention(in.q, in.k, in.v, o, options, {}, exec, &info);
     if (!st.ok()) {
       state.SkipWithError(st.message.c_str());
       return;
@@ -694,11 +705,8 @@ void BenchPairedDecode(benchmark::State& state, const Shape& s,
                                     s.q_heads, s.q_len, s.head_dim);
   size_t i = 0;
   auto call = [&](const simdattn::AttentionOptions& opt) {
-    const simdattn::Status st = simdattn::Attention(
-        simdattn::MakeBHSD(c.q[i].data(), simdattn::DType::kF32, s.batch, s.q_heads, s.q_len, s.head_dim),
-        simdattn::MakeBHSD(c.k16[i].data(), simdattn::DType::kF16, s.batch, s.kv_heads, s.kv_len, s.head_dim),
-        simdattn::MakeBHSD(c.v16[i].data(), simdattn::DType::kF16, s.batch, s.kv_heads, s.kv_len, s.head_dim),
-        o, opt, {}, exec);
+    const DecodeInputs in = SimdattnDecodeInputs(c, s, KvStore::kF16, i);
+    const simdattn::Status st = simdattn::Attention(in.q, in.k, in.v, o, opt, {}, exec);
     i = (i + 1) % c.copies;
     if (!st.ok()) state.SkipWithError(st.message.c_str());
     return st.ok();
