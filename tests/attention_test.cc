@@ -2,6 +2,8 @@
 // target this CPU supports (each case loops over TestTargets()).
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -706,6 +708,50 @@ TEST(AttentionTest, NestedCallOnTheSamePool) {
     ASSERT_TRUE(job.status[i].ok()) << job.status[i].message;
     EXPECT_LE(MaxError(job.o[i], o_ref, MaxAbs(in.v)), OutputBound(DType::kF32));
   }
+}
+
+// The pool's workers spin for a while after a call, then sleep: calls in
+// quick succession (a spinning worker picks them up), calls after a pause
+// longer than the spin (a sleeping worker must be woken), and calls from two
+// threads at once (serialized) must each run every task exactly once and
+// return only after all of them finished.
+TEST(ThreadPoolTest, EveryTaskRunsOnceWhetherWorkersSpinOrSleep) {
+  ThreadPool pool(3);
+  ASSERT_EQ(pool.num_threads(), 3);
+  struct Call {
+    std::atomic<int> runs[16];
+    std::atomic<int> unfinished{0};
+  };
+  const auto task = [](void* arg, int64_t i) {
+    Call* c = static_cast<Call*>(arg);
+    // Tasks take different times, so that the threads finish apart.
+    if (i % 5 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50 * (i % 3)));
+    c->runs[i].fetch_add(1);
+    c->unfinished.fetch_sub(1);
+  };
+  const auto run_calls = [&](int calls, int seed, int* failures) {
+    for (int n = 0; n < calls; ++n) {
+      Call c;
+      const int tasks = 1 + (n * 7 + seed) % 16;
+      for (auto& r : c.runs) r.store(0);
+      c.unfinished.store(tasks);
+      pool.ParallelFor(tasks, task, &c);
+      bool ok = c.unfinished.load() == 0;  // all finished before the return
+      for (int i = 0; i < 16; ++i) ok &= c.runs[i].load() == (i < tasks ? 1 : 0);
+      if (!ok) ++*failures;
+      // Now and then a pause well past the spin, so that workers sleep.
+      if (n % 10 == 9) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  };
+  int failures = 0;
+  run_calls(200, 0, &failures);
+  EXPECT_EQ(failures, 0);
+  int failures_a = 0, failures_b = 0;
+  std::thread other([&] { run_calls(100, 3, &failures_b); });
+  run_calls(100, 1, &failures_a);
+  other.join();
+  EXPECT_EQ(failures_a, 0);
+  EXPECT_EQ(failures_b, 0);
 }
 
 TEST(AttentionTest, DefaultScaleIsInverseSqrtHeadDim) {
