@@ -235,6 +235,48 @@ TEST(AttentionTest, WorkedExample) {
   CheckAllTargets(c, in);
 }
 
+// Weights below f32's normal range come out as +0.0, never subnormal (x86
+// multiplies that make a subnormal take a slow microcode path). With V the
+// identity, each output row is the row's weights; the scores put weights
+// on both sides of 2^-126 (exp(-87.34)), through the decode path (Lq 1)
+// and the tiled one (Lq 32).
+TEST(AttentionTest, WeightsBelowTheNormalRangeAreZeroNotSubnormal) {
+  const float logits[] = {0.0f,   -80.0f,  -86.7f, -87.0f, -87.2f,  -87.3f,
+                          -87.35f, -87.4f, -87.5f, -87.6f, -87.7f,  -87.8f,
+                          -88.0f, -88.5f,  -100.0f, -200.0f};
+  for (int64_t lq : {1, 32}) {
+    Case c;
+    c.q_len = lq;
+    c.kv_len = 16;
+    c.dk = 1;
+    c.dv = 16;
+    c.options.scale = 1.0f;
+    Inputs in = MakeInputs(c, 1700);
+    for (int64_t i = 0; i < lq; ++i) in.q.Set(0, 0, i, 0, 1.0f);
+    for (int64_t j = 0; j < 16; ++j) {
+      in.k.Set(0, 0, j, 0, logits[j]);
+      for (int64_t e = 0; e < 16; ++e) in.v.Set(0, 0, j, e, j == e ? 1.0f : 0.0f);
+    }
+    for (const std::string& target : TestTargets()) {
+      SCOPED_TRACE(target + " Lq " + std::to_string(lq));
+      const Outputs out = RunFast(c, in, target);
+      ASSERT_TRUE(out.status.ok()) << out.status.message;
+      for (int64_t i = 0; i < lq; ++i) {
+        for (int64_t j = 0; j < 16; ++j) {
+          const float w = out.o.Get(0, 0, i, j);
+          EXPECT_NE(std::fpclassify(w), FP_SUBNORMAL) << "logit " << logits[j] << ": " << w;
+          // Above the range: exp(logit) to f32 accuracy (the row sum is 1).
+          if (logits[j] >= -87.3f) {
+            EXPECT_NEAR(w, std::exp(double(logits[j])), 1e-5 * std::exp(double(logits[j])))
+                << "logit " << logits[j];
+          }
+        }
+      }
+    }
+    CheckAllTargets(c, in);
+  }
+}
+
 // Lq x Lk over {1, 2, 7, 16, 17, 63, 64, 65, 129, 1000} with the head dims
 // {1, 8, ..., 576} assigned in rotation; pairs whose reference cost exceeds
 // the budget are left out (quick mode, under qemu, keeps the cheap half).

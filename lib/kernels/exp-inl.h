@@ -16,15 +16,17 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // exp(x) for x <= 0 (callers subtract the running max first), within about
-// 0.6 ulp. exp(x) = 2^n * exp(r) with n = round(x * log2(e)) and
-// |r| <= ln2/2; exp(r) is 1 + r * q(r), q of degree 5 (relative error
-// 2e-9 in exact arithmetic, below f32 rounding), evaluated as one Horner
-// chain, and 2^n is built in the exponent field. 13 operations on x86 (15
+// 0.85 ulp. exp(x) = 2^n * exp(r) with n = floor(x * log2(e)) and
+// 0 <= r < ln2; exp(r) is 1 + r * q(r), q of degree 5 (relative error 2e-9
+// in exact arithmetic, below f32 rounding), evaluated as one Horner chain,
+// and 2^n is built in the exponent field. 14 operations on x86 (16
 // elsewhere) instead of the ~40 of hn::Exp, which matters because it runs
 // once per score.
-// x <= -88 gives +0.0 exactly (so does -inf: hidden scores), and so does
-// any x whose n rounds to -127; between about -87.7 and -87.3 the result
-// is subnormal. NaN stays NaN.
+// exp(0) is exactly 1. Results below 2^-126 are +0.0 (so is exp(-inf):
+// hidden scores), never subnormal: x86 multiplies that make a subnormal take
+// a slow microcode path (rounding n to the nearest instead, results between
+// 2^-127 and 2^-126 came out subnormal, and ALiBi scores, which reach them,
+// ran 29% slower). NaN stays NaN.
 template <class D, class V = hn::VFromD<D>>
 HWY_INLINE V ExpNonPositive(D d, V x) {
   const hn::RebindToSigned<D> di;
@@ -33,28 +35,27 @@ HWY_INLINE V ExpNonPositive(D d, V x) {
   // result. Elsewhere Highway's Max returns the number (Arm's maxNumber,
   // the scalar and emulated targets), and the NaN is put back at the end.
   const V xc = hn::Max(hn::Set(d, -88.0f), x);
-  // Adding 1.5 * 2^23 rounds x * log2(e) to the nearest integer n, which
-  // then sits in the low mantissa bits of t; the + 127 there is the exponent
-  // bias of 2^n. n is in [-127, 0], so n + 127 is in [0, 127]: 0 makes 2^n
-  // +0.0 (instead of a compare and a select to zero the small results).
+  // Adding 1.5 * 2^23 rounds x * log2(e) - 0.5 to the nearest integer,
+  // floor(x * log2(e)), which then sits in the low mantissa bits of t; the
+  // + 127 there is the exponent bias of 2^n. n is in [-127, 0], so n + 127
+  // is in [0, 127], and 0 makes 2^n +0.0 (instead of a compare and a select
+  // to zero the small results).
   const V magic = hn::Set(d, 12582912.0f + 127.0f);
-  const V t = hn::MulAdd(xc, hn::Set(d, 1.44269504088896341f), magic);
+  const V t = hn::Add(hn::MulAdd(xc, hn::Set(d, 1.44269504088896341f), hn::Set(d, -0.5f)),
+                      magic);
   const V n = hn::Sub(t, magic);
   // r = x - n * ln2 with ln2 split in two so r keeps full precision.
   V r = hn::NegMulAdd(n, hn::Set(d, 0.693359375f), xc);
   r = hn::NegMulAdd(n, hn::Set(d, -2.12194440e-4f), r);
   // q: a least-squares fit of (exp(r) - 1) / r on Chebyshev nodes of
-  // |r| <= ln2/2, weighted to minimize the largest relative error of
-  // exp(r). The Cephes expf polynomial used before has one more term and
-  // its f32 evaluation was within 0.50 ulp, this one within 0.57.
-  V p = hn::Set(d, 1.3843381312e-3f);
-  p = hn::MulAdd(p, r, hn::Set(d, 8.3743883297e-3f));
-  p = hn::MulAdd(p, r, hn::Set(d, 4.1668016464e-2f));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.6666428745e-1f));
-  p = hn::MulAdd(p, r, hn::Set(d, 4.9999994040e-1f));
-  const V one = hn::Set(d, 1.0f);
-  p = hn::MulAdd(p, r, one);
-  p = hn::MulAdd(p, r, one);
+  // [0, ln2], reweighted to minimize the largest relative error of exp(r).
+  V p = hn::Set(d, 1.9497524481e-3f);
+  p = hn::MulAdd(p, r, hn::Set(d, 7.7904760838e-3f));
+  p = hn::MulAdd(p, r, hn::Set(d, 4.1916199028e-2f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.6660976410e-1f));
+  p = hn::MulAdd(p, r, hn::Set(d, 5.0000590086e-1f));
+  p = hn::MulAdd(p, r, hn::Set(d, 9.9999982119e-1f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
   // 2^n: t's bits are those of 1.5 * 2^23 plus n + 127, whose top 9 bits
   // the shift drops.
   const V pow2n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t)));
