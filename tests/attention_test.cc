@@ -277,6 +277,57 @@ TEST(AttentionTest, WeightsBelowTheNormalRangeAreZeroNotSubnormal) {
   }
 }
 
+// The softmax's exp is accurate to a few ulps. Key 0 scores 0, the row
+// max, so row i's weights are w_j = exp(s_j) / l and w_j / w_0 is exp(s_j)
+// up to one rounding of the division; the scores step down to -80 (n from
+// 0 to -116 in the exp's range reduction), through the decode path (Lq 1)
+// and the tiled one (Lq 32). And exp(0) is exactly 1: a single visible key
+// has LSE equal to its score.
+TEST(AttentionTest, WeightsAreExpOfTheScoresWithinAFewUlps) {
+  constexpr int64_t kKeys = 64;
+  for (int64_t lq : {1, 32}) {
+    Case c;
+    c.q_len = lq;
+    c.kv_len = kKeys;
+    c.dk = 1;
+    c.dv = kKeys;
+    c.options.scale = 1.0f;
+    Inputs in = MakeInputs(c, 1800);
+    for (int64_t i = 0; i < lq; ++i) in.q.Set(0, 0, i, 0, 1.0f);
+    for (int64_t j = 0; j < kKeys; ++j) {
+      in.k.Set(0, 0, j, 0, -1.27f * static_cast<float>(j));
+      for (int64_t e = 0; e < kKeys; ++e) in.v.Set(0, 0, j, e, j == e ? 1.0f : 0.0f);
+    }
+    for (const std::string& target : TestTargets()) {
+      SCOPED_TRACE(target + " Lq " + std::to_string(lq));
+      const Outputs out = RunFast(c, in, target);
+      ASSERT_TRUE(out.status.ok()) << out.status.message;
+      for (int64_t i = 0; i < lq; ++i) {
+        const double w0 = out.o.Get(0, 0, i, 0);
+        for (int64_t j = 1; j < kKeys; ++j) {
+          const double want = std::exp(double(-1.27f * static_cast<float>(j)));
+          EXPECT_NEAR(out.o.Get(0, 0, i, j) / w0, want, 6e-7 * want) << "key " << j;
+        }
+      }
+    }
+    CheckAllTargets(c, in);
+
+    Case one = c;
+    one.kv_len = 1;
+    one.dv = 1;
+    Inputs single = MakeInputs(one, 1801);
+    for (int64_t i = 0; i < lq; ++i) single.q.Set(0, 0, i, 0, 1.0f);
+    single.k.Set(0, 0, 0, 0, 0.75f);
+    single.v.Set(0, 0, 0, 0, 2.0f);
+    for (const std::string& target : TestTargets()) {
+      SCOPED_TRACE(target + " single key, Lq " + std::to_string(lq));
+      const Outputs out = RunFast(one, single, target);
+      ASSERT_TRUE(out.status.ok()) << out.status.message;
+      for (int64_t i = 0; i < lq; ++i) EXPECT_EQ(out.lse[i], 0.75f);
+    }
+  }
+}
+
 // Lq x Lk over {1, 2, 7, 16, 17, 63, 64, 65, 129, 1000} with the head dims
 // {1, 8, ..., 576} assigned in rotation; pairs whose reference cost exceeds
 // the budget are left out (quick mode, under qemu, keeps the cheap half).
