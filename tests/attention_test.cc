@@ -235,28 +235,43 @@ TEST(AttentionTest, WorkedExample) {
   CheckAllTargets(c, in);
 }
 
+// A case whose every query row has score logits[j] for key j (Q = 1, K the
+// logits, scale 1) and whose V is the identity (Dv = Lk), so that each
+// output row is the row's softmax weights.
+struct LogitRows {
+  Case c;
+  Inputs in;
+};
+LogitRows MakeLogitRows(int64_t lq, const std::vector<float>& logits, uint32_t seed) {
+  const int64_t keys = static_cast<int64_t>(logits.size());
+  Case c;
+  c.q_len = lq;
+  c.kv_len = keys;
+  c.dk = 1;
+  c.dv = keys;
+  c.options.scale = 1.0f;
+  Inputs in = MakeInputs(c, seed);
+  for (int64_t i = 0; i < lq; ++i) in.q.Set(0, 0, i, 0, 1.0f);
+  for (int64_t j = 0; j < keys; ++j) {
+    in.k.Set(0, 0, j, 0, logits[static_cast<size_t>(j)]);
+    for (int64_t e = 0; e < keys; ++e) in.v.Set(0, 0, j, e, j == e ? 1.0f : 0.0f);
+  }
+  return {c, std::move(in)};
+}
+
 // Weights below f32's normal range come out as +0.0, never subnormal (x86
 // multiplies that make a subnormal take a slow microcode path). With V the
 // identity, each output row is the row's weights; the scores put weights
 // on both sides of 2^-126 (exp(-87.34)), through the decode path (Lq 1)
 // and the tiled one (Lq 32).
 TEST(AttentionTest, WeightsBelowTheNormalRangeAreZeroNotSubnormal) {
-  const float logits[] = {0.0f,   -80.0f,  -86.7f, -87.0f, -87.2f,  -87.3f,
-                          -87.35f, -87.4f, -87.5f, -87.6f, -87.7f,  -87.8f,
-                          -88.0f, -88.5f,  -100.0f, -200.0f};
+  const std::vector<float> logits = {0.0f,   -80.0f,  -86.7f, -87.0f, -87.2f,  -87.3f,
+                                     -87.35f, -87.4f, -87.5f, -87.6f, -87.7f,  -87.8f,
+                                     -88.0f, -88.5f,  -100.0f, -200.0f};
   for (int64_t lq : {1, 32}) {
-    Case c;
-    c.q_len = lq;
-    c.kv_len = 16;
-    c.dk = 1;
-    c.dv = 16;
-    c.options.scale = 1.0f;
-    Inputs in = MakeInputs(c, 1700);
-    for (int64_t i = 0; i < lq; ++i) in.q.Set(0, 0, i, 0, 1.0f);
-    for (int64_t j = 0; j < 16; ++j) {
-      in.k.Set(0, 0, j, 0, logits[j]);
-      for (int64_t e = 0; e < 16; ++e) in.v.Set(0, 0, j, e, j == e ? 1.0f : 0.0f);
-    }
+    const LogitRows rows = MakeLogitRows(lq, logits, 1700);
+    const Case& c = rows.c;
+    const Inputs& in = rows.in;
     for (const std::string& target : TestTargets()) {
       SCOPED_TRACE(target + " Lq " + std::to_string(lq));
       const Outputs out = RunFast(c, in, target);
@@ -285,19 +300,12 @@ TEST(AttentionTest, WeightsBelowTheNormalRangeAreZeroNotSubnormal) {
 // has LSE equal to its score.
 TEST(AttentionTest, WeightsAreExpOfTheScoresWithinAFewUlps) {
   constexpr int64_t kKeys = 64;
+  std::vector<float> logits(kKeys);
+  for (int64_t j = 0; j < kKeys; ++j) logits[j] = -1.27f * static_cast<float>(j);
   for (int64_t lq : {1, 32}) {
-    Case c;
-    c.q_len = lq;
-    c.kv_len = kKeys;
-    c.dk = 1;
-    c.dv = kKeys;
-    c.options.scale = 1.0f;
-    Inputs in = MakeInputs(c, 1800);
-    for (int64_t i = 0; i < lq; ++i) in.q.Set(0, 0, i, 0, 1.0f);
-    for (int64_t j = 0; j < kKeys; ++j) {
-      in.k.Set(0, 0, j, 0, -1.27f * static_cast<float>(j));
-      for (int64_t e = 0; e < kKeys; ++e) in.v.Set(0, 0, j, e, j == e ? 1.0f : 0.0f);
-    }
+    const LogitRows rows = MakeLogitRows(lq, logits, 1800);
+    const Case& c = rows.c;
+    const Inputs& in = rows.in;
     for (const std::string& target : TestTargets()) {
       SCOPED_TRACE(target + " Lq " + std::to_string(lq));
       const Outputs out = RunFast(c, in, target);
@@ -305,23 +313,17 @@ TEST(AttentionTest, WeightsAreExpOfTheScoresWithinAFewUlps) {
       for (int64_t i = 0; i < lq; ++i) {
         const double w0 = out.o.Get(0, 0, i, 0);
         for (int64_t j = 1; j < kKeys; ++j) {
-          const double want = std::exp(double(-1.27f * static_cast<float>(j)));
+          const double want = std::exp(double(logits[j]));
           EXPECT_NEAR(out.o.Get(0, 0, i, j) / w0, want, 6e-7 * want) << "key " << j;
         }
       }
     }
     CheckAllTargets(c, in);
 
-    Case one = c;
-    one.kv_len = 1;
-    one.dv = 1;
-    Inputs single = MakeInputs(one, 1801);
-    for (int64_t i = 0; i < lq; ++i) single.q.Set(0, 0, i, 0, 1.0f);
-    single.k.Set(0, 0, 0, 0, 0.75f);
-    single.v.Set(0, 0, 0, 0, 2.0f);
+    const LogitRows single = MakeLogitRows(lq, {0.75f}, 1801);
     for (const std::string& target : TestTargets()) {
       SCOPED_TRACE(target + " single key, Lq " + std::to_string(lq));
-      const Outputs out = RunFast(one, single, target);
+      const Outputs out = RunFast(single.c, single.in, target);
       ASSERT_TRUE(out.status.ok()) << out.status.message;
       for (int64_t i = 0; i < lq; ++i) EXPECT_EQ(out.lse[i], 0.75f);
     }
