@@ -60,7 +60,7 @@ HWY_INLINE V ExpNonPositive(D d, V x) {
 #endif
   // q: a least-squares fit of (exp(r) - 1) / r on Chebyshev nodes of
   // [0, ln2], reweighted to minimize the largest relative error of exp(r);
-  // then the last two coefficients moved 1 and 3 ulp so that p(ln2_f32)
+  // then the last two coefficients moved 3 and 1 ulp so that p(ln2_f32)
   // rounds to exactly 2 (with and without FMA): x = 0 gives n = -1 (the
   // magic - 0.5 ties to even) and r = ln2_f32, so exp(0) is exactly 1.
   V p = hn::Set(d, 1.1674974114e-2f);
