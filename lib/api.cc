@@ -428,6 +428,12 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     args.partials = nullptr;
     args.packed = nullptr;
     args.packed_first_group = 0;
+    const double o_bytes = 4.0 * static_cast<double>(p.batch) *
+                           static_cast<double>(p.q_heads) *
+                           static_cast<double>(p.q_len) *
+                           static_cast<double>(p.head_dim_v);
+    args.stream_output =
+        args.o_type == 0 && o_bytes >= static_cast<double>(kStreamOutputBytes);
     // The decode micro-path (every option runs on it): Lq = 1, or a few
     // queries per head (speculative decoding) while the group has at most
     // kDecodeMaxRows rows; all of a group's rows in one block of at most

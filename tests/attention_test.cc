@@ -424,6 +424,27 @@ TEST(AttentionTest, LayoutsPaddedStridesAndMisalignedBase) {
   }
 }
 
+TEST(AttentionTest, LargeOutputAlignedAndOffTheCacheLine) {
+  // An f32 O of 4 MiB (kStreamOutputBytes in lib/kernels/kernels.h) goes out
+  // through streaming stores on AVX-512 wherever a row's 16 floats fill one
+  // cache line (offset 0: the tensors start on a line); one float off the
+  // line, the same call takes plain stores. Both must match the reference
+  // with nothing written outside O. Under qemu (no AVX-512) a smaller batch
+  // keeps the run short.
+  for (int64_t offset : {0, 1}) {
+    Case c;
+    c.batch = QuickMode() ? 2 : 16;
+    c.q_heads = 16;
+    c.kv_heads = 16;
+    c.q_len = 64;
+    c.kv_len = 64;
+    c.dk = 64;
+    c.dv = 64;
+    c.offset = offset;
+    CheckAllTargets(c, MakeInputs(c, 650 + static_cast<uint32_t>(offset)));
+  }
+}
+
 TEST(AttentionTest, CausalBothAlignmentsWithUnequalLengths) {
   const int64_t shapes[][2] = {{5, 70}, {70, 5}, {64, 129}, {129, 64}, {1, 1000}, {33, 33}};
   int n = 0;

@@ -161,8 +161,10 @@ inline void WriteRows(const AttentionArgsF32& a, int64_t b, const RowTable& rt,
   }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   // O^T tile on AVX-512: 16 rows at a time through 16x16 transposes, each
-  // row's 16 values then scaled and stored straight to O (f32), or through
-  // StoreOutputRow (16-bit O).
+  // row's 16 values then scaled and stored straight to O (f32; a streaming
+  // store where a.stream_output and the 16 floats are one cache line), or
+  // through StoreOutputRow (16-bit O).
+  bool streamed = false;
   if (r_stride == 1 && e_stride > 1) {
     const hn::Full512<float> d16;
     const int64_t full = dv / 16 * 16;
@@ -174,8 +176,14 @@ inline void WriteRows(const AttentionArgsF32& a, int64_t b, const RowTable& rt,
         for (int c = 0; c < 16; ++c) {
           char* dst = static_cast<char*>(out_row(r + c)) + e * o_size;
           if (a.o_type == 0) {
-            hn::StoreU(hn::Mul(v[c], hn::Set(d16, inverse(r + c))), d16,
-                       reinterpret_cast<float*>(dst));
+            const auto y = hn::Mul(v[c], hn::Set(d16, inverse(r + c)));
+            float* out = reinterpret_cast<float*>(dst);
+            if (a.stream_output && (reinterpret_cast<uintptr_t>(out) & 63) == 0) {
+              hn::Stream(y, d16, out);
+              streamed = true;
+            } else {
+              hn::StoreU(y, d16, out);
+            }
           } else {
             HWY_ALIGN float tmp[16];
             hn::Store(v[c], d16, tmp);
@@ -190,6 +198,9 @@ inline void WriteRows(const AttentionArgsF32& a, int64_t b, const RowTable& rt,
       }
     }
   }
+  // Streaming stores are weakly ordered: make them visible before the task
+  // reports done (other threads, then the caller, read O after that).
+  if (streamed) hwy::FlushStream();
 #endif
 #if HWY_TARGET != HWY_SCALAR
   // O^T tile: 4 rows at a time through 4x4 transposes, 64 columns per pass.
