@@ -17,6 +17,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -58,10 +59,30 @@ double VisiblePairs(const Shape& s, bool causal, int64_t window_left = -1) {
   return pairs;
 }
 
+// Tensors start on a cache line, as an engine's buffers do (the library
+// writes whole lines of O with streaming stores only when they are aligned).
+template <class T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <class U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}  // NOLINT
+  T* allocate(size_t n) {
+    const size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  bool operator==(const CacheLineAllocator&) const { return true; }
+  bool operator!=(const CacheLineAllocator&) const { return false; }
+};
+using AlignedFloats = std::vector<float, CacheLineAllocator<float>>;
+
 // Inputs allocated and touched once per shape, outside the timed loops.
 struct Problem {
   Shape shape;
-  std::vector<float> q, k, v, o;
+  AlignedFloats q, k, v, o;
 
   explicit Problem(const Shape& s) : shape(s) {
     std::mt19937 rng(42);
@@ -260,7 +281,7 @@ void BenchSimdattn(benchmark::State& state, const Shape& s, const Variant& var,
 void BenchSimdattn16(benchmark::State& state, const Shape& s, bool causal,
                      simdattn::DType dtype, int threads) {
   Problem p(s);
-  auto round = [dtype](const std::vector<float>& x) {
+  auto round = [dtype](const AlignedFloats& x) {
     std::vector<uint16_t> r(x.size());
     for (size_t i = 0; i < x.size(); ++i) {
       r[i] = dtype == simdattn::DType::kF16 ? simdattn::F32ToF16(x[i])
@@ -405,7 +426,7 @@ bool Verify(const Shape& s, bool causal) {
   const auto q = p.Q(), k = p.K(), v = p.V();
   std::vector<double> ref;
   if (!simdattn::ReferenceAttention(q, k, v, options, &ref, nullptr).ok()) return false;
-  auto max_err = [&](const std::vector<float>& o) {
+  auto max_err = [&](const AlignedFloats& o) {
     double e = 0.0;
     for (size_t i = 0; i < o.size(); ++i) {
       const double d = std::fabs(o[i] - ref[i]);
