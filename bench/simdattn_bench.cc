@@ -17,13 +17,13 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <new>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "bench/onednn_attention.h"
 #include "bench/roofline.h"
+#include "lib/cache_line_allocator.h"
 #include "lib/dtype.h"
 #include "lib/reference.h"
 #include "simdattn/attention.h"
@@ -61,23 +61,7 @@ double VisiblePairs(const Shape& s, bool causal, int64_t window_left = -1) {
 
 // Tensors start on a cache line, as an engine's buffers do (the library
 // writes whole lines of O with streaming stores only when they are aligned).
-template <class T>
-struct CacheLineAllocator {
-  using value_type = T;
-  CacheLineAllocator() = default;
-  template <class U>
-  CacheLineAllocator(const CacheLineAllocator<U>&) {}  // NOLINT
-  T* allocate(size_t n) {
-    const size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, bytes);
-    if (p == nullptr) throw std::bad_alloc();
-    return static_cast<T*>(p);
-  }
-  void deallocate(T* p, size_t) { std::free(p); }
-  bool operator==(const CacheLineAllocator&) const { return true; }
-  bool operator!=(const CacheLineAllocator&) const { return false; }
-};
-using AlignedFloats = std::vector<float, CacheLineAllocator<float>>;
+using AlignedFloats = std::vector<float, simdattn::CacheLineAllocator<float>>;
 
 // Inputs allocated and touched once per shape, outside the timed loops.
 struct Problem {

@@ -6,13 +6,12 @@
 #define SIMDATTN_TESTS_TEST_UTIL_H_
 
 #include <cstdint>
-#include <cstdlib>
-#include <new>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "lib/cache_line_allocator.h"
 #include "simdattn/attention.h"
 
 namespace simdattn {
@@ -49,29 +48,13 @@ class ScopedTarget {
 
 enum class Layout { kBHSD, kBSHD };
 
-// Storage that starts on a 64-byte cache line, as an engine's buffers do:
-// a Tensor's data is then aligned unless its offset moves it.
-template <class T>
-struct CacheLineAllocator {
-  using value_type = T;
-  CacheLineAllocator() = default;
-  template <class U>
-  CacheLineAllocator(const CacheLineAllocator<U>&) {}  // NOLINT
-  T* allocate(size_t n) {
-    void* p = std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
-    if (p == nullptr) throw std::bad_alloc();
-    return static_cast<T*>(p);
-  }
-  void deallocate(T* p, size_t) { std::free(p); }
-  bool operator==(const CacheLineAllocator&) const { return true; }
-  bool operator!=(const CacheLineAllocator&) const { return false; }
-};
-
 // Owns the bytes of one 4-D tensor in a given dtype, layout and padding.
 // Logical shape is [b, h, s, d]; `pad` extra elements are added to the row
 // stride (d) and `pad` rows to the head/sequence strides so that no view is
 // dense.
 struct Tensor {
+  // Starts on a cache line (as an engine's buffers do): the data is aligned
+  // unless `offset` moves it.
   std::vector<uint8_t, CacheLineAllocator<uint8_t>> bytes;
   DType dtype = DType::kF32;
   int64_t shape[4] = {0, 0, 0, 0};
