@@ -744,6 +744,38 @@ TEST(AttentionTest, BitIdenticalForAnyThreadCount) {
   }
 }
 
+// Many (batch, KV head) groups of several query blocks each: the threads
+// take whole groups at a time and the last groups block by block (RunWave in
+// lib/api.cc). Every block must run exactly once, for 1, 2 and 3 threads.
+TEST(AttentionTest, ManyGroupsInRunsForAnyThreadCount) {
+  Case c;
+  c.batch = 2;
+  c.q_heads = 32;
+  c.kv_heads = 32;  // 64 groups: at least 16 per thread with 3 threads
+  c.q_len = 130;
+  c.kv_len = 130;
+  c.dk = 16;
+  c.dv = 16;
+  c.options.causal = true;
+  const Inputs in = MakeInputs(c, 1250);
+  CheckAllTargets(c, in);
+  ThreadPool pool1(1), pool2(2), pool3(3);
+  for (const std::string& target : TestTargets()) {
+    SCOPED_TRACE(target);
+    ExecutionOptions e1, e2, e3;
+    e1.pool = &pool1;
+    e2.pool = &pool2;
+    e3.pool = &pool3;
+    const Outputs o1 = RunFast(c, in, target, e1);
+    const Outputs o2 = RunFast(c, in, target, e2);
+    const Outputs o3 = RunFast(c, in, target, e3);
+    ASSERT_TRUE(o1.status.ok() && o2.status.ok() && o3.status.ok());
+    EXPECT_GT(o1.info.num_tasks, 64);  // several blocks per group
+    EXPECT_EQ(o1.o.bytes, o2.o.bytes);
+    EXPECT_EQ(o1.o.bytes, o3.o.bytes);
+  }
+}
+
 // Views that are not plain layouts: a reversed sequence axis (negative
 // stride) for Q and O, and K/V shared by every batch entry (stride 0).
 TEST(AttentionTest, NegativeAndZeroStrides) {
