@@ -602,15 +602,18 @@ void BenchDecodeOneDnn(benchmark::State& state, const Shape& s, KvStore kv,
 // time(A). The speed of a shared machine drifts over seconds, so two separate
 // entries run minutes apart can differ by 20% on identical work; the two
 // calls of a pair run under the same conditions. A call returns false after
-// marking the entry as an error.
+// marking the entry as an error. `before_a`, when given, runs untimed just
+// before each call of A.
 void TimePairs(benchmark::State& state, const std::function<bool()>& a,
-               const std::function<bool()>& b) {
+               const std::function<bool()>& b,
+               const std::function<void()>& before_a = nullptr) {
   std::vector<double> ratios, times_a, times_b;
   bool b_first = false;
   for (auto _ : state) {
     double seconds[2] = {0.0, 0.0};  // A, B
     for (int k = 0; k < 2; ++k) {
       const bool run_b = (k == 0) == b_first;
+      if (!run_b && before_a) before_a();
       const auto t0 = std::chrono::steady_clock::now();
       if (!(run_b ? b() : a())) return;
       seconds[run_b ? 1 : 0] =
@@ -685,6 +688,19 @@ void BenchPairedOneDnn(benchmark::State& state, const Shape& s, bool causal,
 
 // f32 prefill of shape s: A with 2 threads, B with 1, so `ratio` is the
 // 2-thread speed-up.
+//
+// The 2-thread pool's worker sleeps through each 1-thread call (5-200 ms
+// here), while between the back-to-back calls of the threads:2 entries (and
+// of an engine that keeps its threads busy) it is still spinning. Waking a
+// sleeping vCPU took 50-100 us on the 2-vCPU KVM guest (median 76 us after
+// 13 ms idle, 0.5 us while spinning), and a 2-thread B4 H16 L256 D64 call
+// right after a 1-thread one ran 1.5-1.9% slower than right after a
+// 2-thread one (paired, 200 pairs). So an empty ParallelFor on the 2-thread
+// pool wakes its worker, untimed, before each 2-thread call: the ratio
+// compares the two thread counts in the steady state the separate entries
+// measure (the woken call still ran 0.6-1.0% slower there). This entry
+// for B4 H16 L256 D64, 4 runs of each alternating: 1.94 2.04 2.04 1.84 with
+// the wake-up, 1.83 1.93 1.90 1.88 without.
 void BenchPairedThreads(benchmark::State& state, const Shape& s, bool causal) {
   Problem p(s);
   simdattn::ThreadPool pool1(1), pool2(2);
@@ -693,8 +709,10 @@ void BenchPairedThreads(benchmark::State& state, const Shape& s, bool causal) {
   exec2.pool = &pool2;
   simdattn::AttentionOptions options;
   options.causal = causal;
-  TimePairs(state, [&] { return CallF32(state, p, options, exec2); },
-            [&] { return CallF32(state, p, options, exec1); });
+  TimePairs(
+      state, [&] { return CallF32(state, p, options, exec2); },
+      [&] { return CallF32(state, p, options, exec1); },
+      [&] { pool2.ParallelFor(pool2.num_threads(), [](void*, int64_t) {}, nullptr); });
 }
 
 // Decode with an f16 KV cache (cold, as BenchDecodeSimdattn): A and B each
