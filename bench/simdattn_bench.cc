@@ -17,7 +17,6 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -386,23 +385,6 @@ void* AllocHugePages(size_t bytes) {
   return p;
 }
 
-// std::vector storage from AllocHugePages.
-template <class T>
-struct HugePageAllocator {
-  using value_type = T;
-  HugePageAllocator() = default;
-  template <class U>
-  HugePageAllocator(const HugePageAllocator<U>&) {}  // NOLINT(google-explicit-constructor)
-  T* allocate(size_t n) {
-    void* p = AllocHugePages(n * sizeof(T));
-    if (p == nullptr) throw std::bad_alloc();
-    return static_cast<T*>(p);
-  }
-  void deallocate(T* p, size_t) { std::free(p); }
-  bool operator==(const HugePageAllocator&) const { return true; }
-  bool operator!=(const HugePageAllocator&) const { return false; }
-};
-
 // Streaming read of 1 GiB, split evenly over the pool's threads. The buffer
 // is allocated on 2 MiB pages and touched once, outside the loop.
 void BenchReadBandwidth(benchmark::State& state, int threads) {
@@ -499,7 +481,7 @@ size_t LastLevelCacheBytes() {
 // Copies of one decode problem, 16-bit K/V stored as raw bits; K/V on 2 MiB
 // pages, as the read roofline's buffer.
 template <class T>
-using HugeVector = std::vector<T, HugePageAllocator<T>>;
+using HugeVector = std::vector<T, simdattn::FunctionAllocator<T, &AllocHugePages>>;
 struct DecodeCopies {
   std::vector<std::vector<float>> q;
   std::vector<std::vector<uint16_t>> q16;
