@@ -121,81 +121,63 @@ HWY_INLINE void MergePairs(D d, int64_t n, float* HWY_RESTRICT x) {
   }
 }
 
-// Software prefetch of the next tile's K and V rows, spread evenly over all
-// of this tile's inner-loop iterations (scores and values): each iteration
-// asks for a line or a few, so memory keeps streaming while the core
-// computes, the softmax included. It replaced prefetching each K/V row 16
-// rows ahead of its use, in bursts of a whole row, where perf showed the
-// core stalled on the prefetch instructions once the fill buffers were
-// taken (a third of the decode samples). In one process, 1 thread, D128,
-// 4 rows, 131072 keys from memory (AVX-512 Xeon VM): +4-18% for f32, f16
-// and bf16 K/V. Hints T0 and T2 measured the same as T1; issuing the lines
-// faster than the tile's steps (1.5x, 2x) measured slower.
-// The lines go to L2 (locality hint 2): the next tile's K and V together
-// (32 KiB of f16 at D128, 64 KiB of f32) would push the current tile out
-// of a 32-48 KiB L1.
-class TilePrefetch {
- public:
-  TilePrefetch() = default;  // prefetches nothing
+// Software prefetch a fixed distance ahead in each stream: as the dot
+// products read a line of K row j, the same line of row j + k_ahead is
+// prefetched; as the first pass of the P·V products reads V row j, all of
+// row j + v_ahead (for the passes after it too). About kPrefetchBytes
+// ahead, past the tile and the chunk wherever the rows exist (the next task
+// streams on from there). Without software prefetch the hardware
+// prefetchers alone reached about a quarter of the streaming bandwidth.
+// It replaced spreading the next whole tile's lines over the current
+// tile's steps into L2 (hint T1), which was tuned on an Intel VM. On the
+// 2-core Zen 5 (1 thread, D128, 4 rows, Lk 16384 from memory on 2 MiB
+// pages, medians of 30 calls, the two builds' processes alternating):
+// bf16 13.9 -> 17.6 GB/s, f16 16.9 -> 18.5, f32 16.7 -> 17.1; distances
+// of 1 to 16 KiB and hints T0, T1 and NTA were compared in one process
+// there: 4-8 KiB with NTA (into L1, not kept in L2) best, T0 within 3%,
+// T1 5-10% slower. In simdattn_bench (two runs before and after, % of
+// the run's read_bw, Lk 4096-65536) the 16-bit entries moved -1 to +12
+// points with 1 thread and +1 to +10 with 2, f32 -4 to +5 and -2 to +7.
+constexpr int64_t kPrefetchBytes = 8192;
 
-  // Rows [0, rows) of K (then of V): base pointers, row strides and row
-  // lengths in bytes, spread over about `steps` calls of Step().
-  TilePrefetch(const void* k, int64_t k_stride, int64_t k_bytes,
-               const void* v, int64_t v_stride, int64_t v_bytes, int64_t rows,
-               int64_t steps) {
-    if (rows <= 0 || steps <= 0) return;
-    sets_[0] = RowSet{static_cast<const char*>(k), k_stride, k_bytes, rows};
-    sets_[1] = RowSet{static_cast<const char*>(v), v_stride, v_bytes, rows};
-    for (RowSet& set : sets_) {  // contiguous rows: one range
-      if (set.stride == set.bytes) {
-        set.bytes *= set.rows;
-        set.rows = 1;
-      }
-    }
-    const int64_t lines = rows * ((k_bytes + 63) / 64 + (v_bytes + 63) / 64);
-    per_step_ = static_cast<int>(std::min<int64_t>((lines + steps - 1) / steps, 64));
+class RowPrefetch {
+ public:
+  RowPrefetch() = default;  // prefetches nothing
+
+  // K and V rows from the tile's first: base pointers and row strides in
+  // bytes, V's row length in bytes, and how many rows exist (`rows`).
+  RowPrefetch(const void* k, int64_t k_stride, const void* v, int64_t v_stride,
+              int64_t v_bytes, int64_t rows)
+      : k_(static_cast<const char*>(k)),
+        v_(static_cast<const char*>(v)),
+        k_stride_(k_stride),
+        v_stride_(v_stride),
+        v_bytes_(v_bytes),
+        rows_(rows),
+        k_ahead_(std::max<int64_t>(1, kPrefetchBytes / std::max<int64_t>(1, k_stride))),
+        v_ahead_(std::max<int64_t>(1, kPrefetchBytes / std::max<int64_t>(1, v_stride))) {}
+
+  // The lines of bytes [offset, offset + bytes) of K row `row` + k_ahead.
+  HWY_INLINE void K(int64_t row, int64_t offset, int64_t bytes) const {
+    if (k_ == nullptr || row + k_ahead_ >= rows_) return;
+    const char* p = k_ + (row + k_ahead_) * k_stride_ + offset;
+    for (int64_t b = 0; b < bytes; b += 64) Line(p + b);
   }
 
-  HWY_INLINE void Step() {
-    for (int i = 0; i < per_step_; ++i) {
-      if (p_ >= end_ && !NextRow()) return;
-      __builtin_prefetch(p_, 0, 2);  // into L2, as PrefetchKvTile
-      p_ += 64;
-    }
+  // All lines of V row `row` + v_ahead.
+  HWY_INLINE void V(int64_t row) const {
+    if (v_ == nullptr || row + v_ahead_ >= rows_) return;
+    const char* p = v_ + (row + v_ahead_) * v_stride_;
+    for (int64_t b = 0; b < v_bytes_; b += 64) Line(p + b);
   }
 
  private:
-  struct RowSet {
-    const char* base = nullptr;
-    int64_t stride = 0;
-    int64_t bytes = 0;
-    int64_t rows = 0;
-  };
+  static HWY_INLINE void Line(const char* p) { __builtin_prefetch(p, 0, 0); }
 
-  // Moves to the next row (K's rows, then V's); false when none is left.
-  HWY_INLINE bool NextRow() {
-    for (; set_ < 2; ++set_, row_ = 0) {
-      const RowSet& set = sets_[set_];
-      if (row_ < set.rows) {
-        const char* row = set.base + row_ * set.stride;
-        ++row_;
-        // From the row's first cache line, so the last one is not missed.
-        p_ = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row) &
-                                           ~uintptr_t{63});
-        end_ = row + set.bytes;
-        return true;
-      }
-    }
-    per_step_ = 0;
-    return false;
-  }
-
-  RowSet sets_[2];
-  int set_ = 0;
-  int64_t row_ = 0;
-  const char* p_ = nullptr;
-  const char* end_ = nullptr;
-  int per_step_ = 0;
+  const char* k_ = nullptr;
+  const char* v_ = nullptr;
+  int64_t k_stride_ = 0, v_stride_ = 0, v_bytes_ = 0, rows_ = 0;
+  int64_t k_ahead_ = 1, v_ahead_ = 1;
 };
 
 HWY_INLINE uint32_t BitCastScalar(float x) {
@@ -259,14 +241,15 @@ HWY_INLINE void StoreSums4(D d, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out)
 #endif
 
 // Scores of up to 4 rows (kRows) against the tile's keys into s[r * nk + j].
-// `pf` takes one step per iteration of the inner loop.
+// `pf` prefetches K rows ahead of those read.
 template <int kRows, int kKv, class D>
 HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
                              const KvElem<kKv>* HWY_RESTRICT k, int64_t k_row,
-                             int64_t nk, TilePrefetch& pf,
+                             int64_t nk, const RowPrefetch& pf,
                              float* HWY_RESTRICT s) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t dk_vec = dk / N * N;
+  constexpr int64_t kElem = static_cast<int64_t>(sizeof(KvElem<kKv>));
   // Whole groups of 2N taken in pairs (Q reordered to match), then the
   // rest in order.
   const int64_t dk_pairs = kKvPairs<kKv> ? dk / (2 * N) * (2 * N) : 0;
@@ -282,8 +265,10 @@ HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
     auto a30 = a00, a31 = a00, a32 = a00, a33 = a00;
     if constexpr (kKvPairs<kKv>) {
       for (int64_t i = 0; i < dk_pairs; i += 2 * N) {
-        pf.Step();
-        pf.Step();
+        pf.K(j, i * 2, 4 * N);
+        pf.K(j + 1, i * 2, 4 * N);
+        pf.K(j + 2, i * 2, 4 * N);
+        pf.K(j + 3, i * 2, 4 * N);
         hn::VFromD<D> e0, e1, e2, e3, o0, o1, o2, o3;
         LoadBf16Pairs(d, k0 + i, e0, o0);
         LoadBf16Pairs(d, k1 + i, e1, o1);
@@ -304,7 +289,10 @@ HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
       }
     }
     for (int64_t i = dk_pairs; i < dk_vec; i += N) {
-      pf.Step();
+      pf.K(j, i * kElem, N * kElem);
+      pf.K(j + 1, i * kElem, N * kElem);
+      pf.K(j + 2, i * kElem, N * kElem);
+      pf.K(j + 3, i * kElem, N * kElem);
       const auto x0 = LoadKv<kKv>(d, k0 + i), x1 = LoadKv<kKv>(d, k1 + i);
       const auto x2 = LoadKv<kKv>(d, k2 + i), x3 = LoadKv<kKv>(d, k3 + i);
 #define SIMDATTN_DOT_ROW(R)                                   \
@@ -424,7 +412,7 @@ HWY_INLINE void LoadKv4(D d, const KvElem<kKv>* HWY_RESTRICT p, V& x0, V& x1,
 #define SIMDATTN_PV_KEYS(GUARD)                                                  \
   for (int64_t j = 0; j < nk; ++j) {                                             \
     const KvElem<kKv>* vj = v + j * v_row + e;                                   \
-    if (!GUARD) pf.Step();                                                       \
+    if (!GUARD && e == 0) pf.V(j);                                               \
     hn::VFromD<D> x0, x1, x2, x3;                                                \
     LoadKv4<kKv>(d, vj, x0, x1, x2, x3);                                         \
     SIMDATTN_PV_ROW(0, GUARD) SIMDATTN_PV_ROW(1, GUARD)                          \
@@ -454,7 +442,7 @@ HWY_NOINLINE void DecodeValuesGuarded(D d, const float* HWY_RESTRICT p,
                                       const float* HWY_RESTRICT scale,
                                       float* HWY_RESTRICT o) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  TilePrefetch pf;  // none on this rare path
+  const RowPrefetch pf;  // none on this rare path
   SIMDATTN_PV_ACCUMULATORS
   SIMDATTN_LOAD_O(0) SIMDATTN_LOAD_O(1) SIMDATTN_LOAD_O(2) SIMDATTN_LOAD_O(3)
   SIMDATTN_PV_KEYS(true)
@@ -463,7 +451,7 @@ HWY_NOINLINE void DecodeValuesGuarded(D d, const float* HWY_RESTRICT p,
 
 // o[r] = scale[r] * o[r] + sum_j p[r * nk + j] * v_j for up to 4 rows; 4
 // output vectors per row in registers, then the head-dim tail in scalar code.
-// `pf` takes one step per key and group of columns.
+// `pf` prefetches V rows ahead of those read (in the first pass).
 // kMayHide: some weight may be +0.0 for a hidden key, whose V row must take
 // no part (0 * Inf would be NaN). The plain product runs first; only if its
 // result is not finite is it redone skipping +0.0 weights (dropped keys are
@@ -471,7 +459,7 @@ HWY_NOINLINE void DecodeValuesGuarded(D d, const float* HWY_RESTRICT p,
 template <int kRows, int kKv, bool kMayHide, class D>
 HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
                              const KvElem<kKv>* HWY_RESTRICT v, int64_t v_row,
-                             int64_t dv, TilePrefetch& pf,
+                             int64_t dv, const RowPrefetch& pf,
                              const float* HWY_RESTRICT scale,
                              float* HWY_RESTRICT o) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -508,7 +496,7 @@ HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
 template <int kKv, bool kMayHide, class D>
 HWY_INLINE void DecodeValuesRows(D d, int64_t n, const float* HWY_RESTRICT p,
                                  int64_t nk, const KvElem<kKv>* HWY_RESTRICT v,
-                                 int64_t v_row, int64_t dv, TilePrefetch& pf,
+                                 int64_t v_row, int64_t dv, const RowPrefetch& pf,
                                  const float* HWY_RESTRICT scale,
                                  float* HWY_RESTRICT o) {
   switch (n) {
@@ -545,16 +533,10 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
                            float* HWY_RESTRICT o, const Mods& mods = Mods()) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  // The next tile (up to nk rows), over the steps of every row group: one
-  // per whole vector of Dk per 4 keys, one per key and whole 4 vectors of
-  // Dv (the loops that take them; the tails take none).
-  const int64_t next_rows = std::min(nk, prefetch_end - nk);
-  const int64_t steps = (rows + 3) / 4 * (nk / 4 * (dk / N) + nk * (dv / (4 * N)));
   constexpr int64_t kElem = static_cast<int64_t>(sizeof(KvElem<kKv>));
-  TilePrefetch pf = next_rows > 0 ? TilePrefetch(k + nk * k_row, k_row * kElem, dk * kElem,
-                                                 v + nk * v_row, v_row * kElem, dv * kElem,
-                                                 next_rows, steps)
-                                    : TilePrefetch();
+  const RowPrefetch pf = prefetch_end > 0 ? RowPrefetch(k, k_row * kElem, v, v_row * kElem,
+                                                        dv * kElem, prefetch_end)
+                                          : RowPrefetch();
   for (int64_t r0 = 0; r0 < rows; r0 += 4) {
     const int64_t n = std::min<int64_t>(4, rows - r0);
     const float* qr = q + r0 * dk;
