@@ -145,7 +145,8 @@ class RowPrefetch {
   RowPrefetch() = default;  // prefetches nothing
 
   // K and V rows from the tile's first: base pointers and row strides in
-  // bytes, V's row length in bytes, and how many rows exist (`rows`).
+  // bytes, V's row length in bytes, and how many rows exist (`rows`; 0:
+  // none is prefetched).
   RowPrefetch(const void* k, int64_t k_stride, const void* v, int64_t v_stride,
               int64_t v_bytes, int64_t rows)
       : k_(static_cast<const char*>(k)),
@@ -517,7 +518,8 @@ struct NoDecodeMods {
 
 // One tile for `rows` rows (any count): scores, online softmax, values.
 // K/V rows below `prefetch_end` (counted from the tile's first; 0 for none)
-// exist: those of the next tile are prefetched while this one computes.
+// exist: pf prefetches among them, about kPrefetchBytes ahead of the rows
+// read (RowPrefetch).
 // bf16 K/V on vector targets (kKvPairs<2>): q and o in the pair order of
 // SplitPairs (q over dk, o over dv rounded down to 4 vectors).
 // Mods (NoDecodeMods's interface) changes block row r's scores of the tile
@@ -534,9 +536,7 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const float neg_inf = -std::numeric_limits<float>::infinity();
   constexpr int64_t kElem = static_cast<int64_t>(sizeof(KvElem<kKv>));
-  const RowPrefetch pf = prefetch_end > 0 ? RowPrefetch(k, k_row * kElem, v, v_row * kElem,
-                                                        dv * kElem, prefetch_end)
-                                          : RowPrefetch();
+  const RowPrefetch pf(k, k_row * kElem, v, v_row * kElem, dv * kElem, prefetch_end);
   for (int64_t r0 = 0; r0 < rows; r0 += 4) {
     const int64_t n = std::min<int64_t>(4, rows - r0);
     const float* qr = q + r0 * dk;
