@@ -181,6 +181,20 @@ class RowPrefetch {
   int64_t k_ahead_ = 1, v_ahead_ = 1;
 };
 
+// Keeps v in a register. GCC otherwise folds a vector load that several FMAs
+// use into each of them as a memory operand: the f32 decode loaded each K,
+// Q and V vector 4 times and was bound by the load ports. Only where there
+// are 32 vector registers (the 16 accumulators and the shared operands fit).
+template <class V>
+HWY_INLINE void InRegister(V& v) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && \
+    (defined(__GNUC__) || defined(__clang__))
+  asm("" : "+v"(v.raw));
+#else
+  (void)v;
+#endif
+}
+
 HWY_INLINE uint32_t BitCastScalar(float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, sizeof(bits));
@@ -275,10 +289,13 @@ HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
         LoadBf16Pairs(d, k1 + i, e1, o1);
         LoadBf16Pairs(d, k2 + i, e2, o2);
         LoadBf16Pairs(d, k3 + i, e3, o3);
+        InRegister(e0), InRegister(e1), InRegister(e2), InRegister(e3);
+        InRegister(o0), InRegister(o1), InRegister(o2), InRegister(o3);
 #define SIMDATTN_DOT_PAIRS(R)                                 \
   if (R < kRows) {                                            \
-    const auto ye = hn::LoadU(d, q + R * dk + i);             \
-    const auto yo = hn::LoadU(d, q + R * dk + i + N);         \
+    auto ye = hn::LoadU(d, q + R * dk + i);                   \
+    auto yo = hn::LoadU(d, q + R * dk + i + N);               \
+    InRegister(ye), InRegister(yo);                           \
     a##R##0 = hn::MulAdd(yo, o0, hn::MulAdd(ye, e0, a##R##0)); \
     a##R##1 = hn::MulAdd(yo, o1, hn::MulAdd(ye, e1, a##R##1)); \
     a##R##2 = hn::MulAdd(yo, o2, hn::MulAdd(ye, e2, a##R##2)); \
@@ -294,11 +311,13 @@ HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
       pf.K(j + 1, i * kElem, N * kElem);
       pf.K(j + 2, i * kElem, N * kElem);
       pf.K(j + 3, i * kElem, N * kElem);
-      const auto x0 = LoadKv<kKv>(d, k0 + i), x1 = LoadKv<kKv>(d, k1 + i);
-      const auto x2 = LoadKv<kKv>(d, k2 + i), x3 = LoadKv<kKv>(d, k3 + i);
+      auto x0 = LoadKv<kKv>(d, k0 + i), x1 = LoadKv<kKv>(d, k1 + i);
+      auto x2 = LoadKv<kKv>(d, k2 + i), x3 = LoadKv<kKv>(d, k3 + i);
+      InRegister(x0), InRegister(x1), InRegister(x2), InRegister(x3);
 #define SIMDATTN_DOT_ROW(R)                                   \
   if (R < kRows) {                                            \
-    const auto y = hn::LoadU(d, q + R * dk + i);              \
+    auto y = hn::LoadU(d, q + R * dk + i);                    \
+    InRegister(y);                                            \
     a##R##0 = hn::MulAdd(y, x0, a##R##0);                     \
     a##R##1 = hn::MulAdd(y, x1, a##R##1);                     \
     a##R##2 = hn::MulAdd(y, x2, a##R##2);                     \
@@ -404,7 +423,8 @@ HWY_INLINE void LoadKv4(D d, const KvElem<kKv>* HWY_RESTRICT p, V& x0, V& x1,
   }
 #define SIMDATTN_PV_ROW(R, GUARD)                                      \
   if (R < kRows && (!GUARD || BitCastScalar(p[R * nk + j]) != 0)) {    \
-    const auto w = hn::Set(d, p[R * nk + j]);                          \
+    auto w = hn::Set(d, p[R * nk + j]);                                \
+    InRegister(w);                                                     \
     a##R##0 = hn::MulAdd(w, x0, a##R##0);                              \
     a##R##1 = hn::MulAdd(w, x1, a##R##1);                              \
     a##R##2 = hn::MulAdd(w, x2, a##R##2);                              \
@@ -416,6 +436,7 @@ HWY_INLINE void LoadKv4(D d, const KvElem<kKv>* HWY_RESTRICT p, V& x0, V& x1,
     if (!GUARD && e == 0) pf.V(j);                                               \
     hn::VFromD<D> x0, x1, x2, x3;                                                \
     LoadKv4<kKv>(d, vj, x0, x1, x2, x3);                                         \
+    InRegister(x0), InRegister(x1), InRegister(x2), InRegister(x3);              \
     SIMDATTN_PV_ROW(0, GUARD) SIMDATTN_PV_ROW(1, GUARD)                          \
     SIMDATTN_PV_ROW(2, GUARD) SIMDATTN_PV_ROW(3, GUARD)                          \
   }
