@@ -1547,8 +1547,6 @@ TEST(DecodeTest, SplitKeysAgainstReference) {
 // Head dims wide enough for the decode path's vector loops (4 vectors of
 // outputs, 4 keys of scores) plus a tail on every target, key counts that
 // end tiles and chunks off the 4-key grid, and groups of 4 and 8 rows.
-// Dk 112 on 16 lanes: bf16 K/V are read in pairs of vectors (kKvPairs) for
-// the first 96 dims, then one vector alone.
 TEST(DecodeTest, WideHeadsWithTails) {
   int n = 0;
   for (int64_t dk : {128, 72, 112}) {

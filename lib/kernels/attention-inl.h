@@ -872,15 +872,9 @@ inline void DecodeTaskF32(const AttentionArgsF32& a, int64_t task, int64_t b,
   const int64_t dv = a.head_dim_v;
   const int64_t mq = a.block_rows;
   const KvRows src(a, b, hkv);
-  // bf16 K/V taken in pairs: Q and O in the pair order (kKvPairs).
-  const bool pairs = kKvPairs<2> && src.type == KvType::kBF16;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  for (int64_t r = 0; r < rows; ++r) {
-    QueryRow(d, a, b, rt, r, qrows + r * dk);
-    if (pairs) SplitPairs(d, dk, qrows + r * dk);
-  }
+  for (int64_t r = 0; r < rows; ++r) QueryRow(d, a, b, rt, r, qrows + r * dk);
   InitRowState(a, rt, rows, m, l);
-  std::fill(orow, orow + rows * dv, 0.0f);  // zeros: the same in either order
+  std::fill(orow, orow + rows * dv, 0.0f);
   MaskBlock mask(mask_storage, mq, kKeyTile);
   if (a.mask_kind != 0) mask.Init(a, b, rt);
   DecodeMods mods;
@@ -898,9 +892,6 @@ inline void DecodeTaskF32(const AttentionArgsF32& a, int64_t task, int64_t b,
     NoDecodeMods none;
     DecodeTiles(a, src, rows, qrows, kv_start, kv_end, s, orow, m, l, ktile,
                 vtile, nullptr, &none, cuts);
-  }
-  if (pairs) {
-    for (int64_t r = 0; r < rows; ++r) MergePairs(d, dv / (4 * N) * (4 * N), orow + r * dv);
   }
   if (a.num_chunks > 1) {
     // The slot of a decode task: m and l (mq each), then O row by row

@@ -66,61 +66,6 @@ HWY_INLINE hn::VFromD<D> LoadKv(D d, const KvElem<kKv>* HWY_RESTRICT p) {
   }
 }
 
-// bf16 K/V on vector targets are widened in pairs: one 32-bit lane holds
-// elements 2m (low half) and 2m + 1 (high half), so a shift left by 16 gives
-// the even element as f32 and masking off the low half gives the odd one:
-// 1 instruction per vector of f32 instead of 2 (zero-extend, then shift),
-// and both run on the ports the FMAs need. The decode then keeps Q and O
-// with the head-dim elements of each whole group of 2N (N = lanes) in the
-// order [even ones, odd ones] (SplitPairs before the first tile,
-// MergePairs after the last): Q over whole groups of Dk, O over whole
-// groups of 4N of Dv (the columns the vector loop covers; the tails stay
-// in order).
-#ifndef SIMDATTN_LITTLE_ENDIAN
-#if HWY_ARCH_X86 || (defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__) && \
-                     __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
-#define SIMDATTN_LITTLE_ENDIAN 1
-#else
-#define SIMDATTN_LITTLE_ENDIAN 0
-#endif
-#endif
-template <int kKv>
-constexpr bool kKvPairs = kKv == 2 && HWY_TARGET != HWY_SCALAR && SIMDATTN_LITTLE_ENDIAN;
-
-// Even elements p[0], p[2], ... of the 2N bf16 at p into `even`, odd ones
-// into `odd`, as f32.
-template <class D, class V>
-HWY_INLINE void LoadBf16Pairs(D d, const uint16_t* HWY_RESTRICT p, V& even,
-                              V& odd) {
-  const hn::RebindToUnsigned<D> du;
-  const hn::Repartition<uint16_t, D> d16;
-  const auto w = hn::BitCast(du, hn::LoadU(d16, p));
-  even = hn::BitCast(d, hn::ShiftLeft<16>(w));
-  odd = hn::BitCast(d, hn::And(w, hn::Set(du, 0xFFFF0000u)));
-}
-
-// Reorders each whole group of 2N floats of x[0, n) as [even, odd].
-template <class D>
-HWY_INLINE void SplitPairs(D d, int64_t n, float* HWY_RESTRICT x) {
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  for (int64_t g = 0; g + 2 * N <= n; g += 2 * N) {
-    hn::VFromD<D> even, odd;
-    hn::LoadInterleaved2(d, x + g, even, odd);
-    hn::StoreU(even, d, x + g);
-    hn::StoreU(odd, d, x + g + N);
-  }
-}
-
-// Undoes SplitPairs(d, n, x).
-template <class D>
-HWY_INLINE void MergePairs(D d, int64_t n, float* HWY_RESTRICT x) {
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  for (int64_t g = 0; g + 2 * N <= n; g += 2 * N) {
-    const auto even = hn::LoadU(d, x + g), odd = hn::LoadU(d, x + g + N);
-    hn::StoreInterleaved2(even, odd, d, x + g);
-  }
-}
-
 // Software prefetch a fixed distance ahead in each stream: as the dot
 // products read a line of K row j, the same line of row j + k_ahead is
 // prefetched; as the first pass of the P·V products reads V row j, all of
@@ -265,9 +210,6 @@ HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t dk_vec = dk / N * N;
   constexpr int64_t kElem = static_cast<int64_t>(sizeof(KvElem<kKv>));
-  // Whole groups of 2N taken in pairs (Q reordered to match), then the
-  // rest in order.
-  const int64_t dk_pairs = kKvPairs<kKv> ? dk / (2 * N) * (2 * N) : 0;
   int64_t j = 0;
   for (; j + 4 <= nk; j += 4) {
     const KvElem<kKv>* k0 = k + j * k_row;
@@ -278,35 +220,7 @@ HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
     auto a10 = a00, a11 = a00, a12 = a00, a13 = a00;
     auto a20 = a00, a21 = a00, a22 = a00, a23 = a00;
     auto a30 = a00, a31 = a00, a32 = a00, a33 = a00;
-    if constexpr (kKvPairs<kKv>) {
-      for (int64_t i = 0; i < dk_pairs; i += 2 * N) {
-        pf.K(j, i * 2, 4 * N);
-        pf.K(j + 1, i * 2, 4 * N);
-        pf.K(j + 2, i * 2, 4 * N);
-        pf.K(j + 3, i * 2, 4 * N);
-        hn::VFromD<D> e0, e1, e2, e3, o0, o1, o2, o3;
-        LoadBf16Pairs(d, k0 + i, e0, o0);
-        LoadBf16Pairs(d, k1 + i, e1, o1);
-        LoadBf16Pairs(d, k2 + i, e2, o2);
-        LoadBf16Pairs(d, k3 + i, e3, o3);
-        InRegister(e0), InRegister(e1), InRegister(e2), InRegister(e3);
-        InRegister(o0), InRegister(o1), InRegister(o2), InRegister(o3);
-#define SIMDATTN_DOT_PAIRS(R)                                 \
-  if (R < kRows) {                                            \
-    auto ye = hn::LoadU(d, q + R * dk + i);                   \
-    auto yo = hn::LoadU(d, q + R * dk + i + N);               \
-    InRegister(ye), InRegister(yo);                           \
-    a##R##0 = hn::MulAdd(yo, o0, hn::MulAdd(ye, e0, a##R##0)); \
-    a##R##1 = hn::MulAdd(yo, o1, hn::MulAdd(ye, e1, a##R##1)); \
-    a##R##2 = hn::MulAdd(yo, o2, hn::MulAdd(ye, e2, a##R##2)); \
-    a##R##3 = hn::MulAdd(yo, o3, hn::MulAdd(ye, e3, a##R##3)); \
-  }
-        SIMDATTN_DOT_PAIRS(0) SIMDATTN_DOT_PAIRS(1) SIMDATTN_DOT_PAIRS(2)
-        SIMDATTN_DOT_PAIRS(3)
-#undef SIMDATTN_DOT_PAIRS
-      }
-    }
-    for (int64_t i = dk_pairs; i < dk_vec; i += N) {
+    for (int64_t i = 0; i < dk_vec; i += N) {
       pf.K(j, i * kElem, N * kElem);
       pf.K(j + 1, i * kElem, N * kElem);
       pf.K(j + 2, i * kElem, N * kElem);
@@ -358,14 +272,6 @@ HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
     for (int r = 0; r < kRows; ++r) {
       auto acc = hn::Zero(d);
       int64_t i = 0;
-      if constexpr (kKvPairs<kKv>) {
-        for (; i < dk_pairs; i += 2 * N) {
-          hn::VFromD<D> even, odd;
-          LoadBf16Pairs(d, kj + i, even, odd);
-          acc = hn::MulAdd(hn::LoadU(d, q + r * dk + i), even, acc);
-          acc = hn::MulAdd(hn::LoadU(d, q + r * dk + i + N), odd, acc);
-        }
-      }
       for (; i < dk_vec; i += N) {
         acc = hn::MulAdd(hn::LoadU(d, q + r * dk + i), LoadKv<kKv>(d, kj + i), acc);
       }
@@ -396,21 +302,15 @@ HWY_INLINE bool AllFinite16(D d, V x0, V x1, V x2, V x3, V x4, V x5, V x6, V x7,
   return hn::AllTrue(du, hn::Eq(magnitude, hn::Zero(du)));
 }
 
-// The 4N elements at p as 4 vectors of f32: in order, or for bf16 pairs as
-// [even, odd] of each half (the order O is kept in, see kKvPairs).
+// The 4N elements at p as 4 vectors of f32.
 template <int kKv, class D, class V>
 HWY_INLINE void LoadKv4(D d, const KvElem<kKv>* HWY_RESTRICT p, V& x0, V& x1,
                         V& x2, V& x3) {
   const size_t N = hn::Lanes(d);
-  if constexpr (kKvPairs<kKv>) {
-    LoadBf16Pairs(d, p, x0, x1);
-    LoadBf16Pairs(d, p + 2 * N, x2, x3);
-  } else {
-    x0 = LoadKv<kKv>(d, p);
-    x1 = LoadKv<kKv>(d, p + N);
-    x2 = LoadKv<kKv>(d, p + 2 * N);
-    x3 = LoadKv<kKv>(d, p + 3 * N);
-  }
+  x0 = LoadKv<kKv>(d, p);
+  x1 = LoadKv<kKv>(d, p + N);
+  x2 = LoadKv<kKv>(d, p + 2 * N);
+  x3 = LoadKv<kKv>(d, p + 3 * N);
 }
 
 #define SIMDATTN_LOAD_O(R)                                        \
@@ -541,8 +441,6 @@ struct NoDecodeMods {
 // K/V rows below `prefetch_end` (counted from the tile's first; 0 for none)
 // exist: pf prefetches among them, about kPrefetchBytes ahead of the rows
 // read (RowPrefetch).
-// bf16 K/V on vector targets (kKvPairs<2>): q and o in the pair order of
-// SplitPairs (q over dk, o over dv rounded down to 4 vectors).
 // Mods (NoDecodeMods's interface) changes block row r's scores of the tile
 // before the softmax (Scores) and its weights after it (Weights); may_hide()
 // says whether some key of the tile may be hidden from a row.
