@@ -221,10 +221,15 @@ HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
     auto a20 = a00, a21 = a00, a22 = a00, a23 = a00;
     auto a30 = a00, a31 = a00, a32 = a00, a33 = a00;
     for (int64_t i = 0; i < dk_vec; i += N) {
-      pf.K(j, i * kElem, N * kElem);
-      pf.K(j + 1, i * kElem, N * kElem);
-      pf.K(j + 2, i * kElem, N * kElem);
-      pf.K(j + 3, i * kElem, N * kElem);
+      // Each line once: a step reads N * kElem bytes of a row (a power of
+      // two), half a line for 16-bit K on AVX-512.
+      if ((i * kElem) % 64 == 0) {
+        const int64_t bytes = std::max<int64_t>(64, N * kElem);
+        pf.K(j, i * kElem, bytes);
+        pf.K(j + 1, i * kElem, bytes);
+        pf.K(j + 2, i * kElem, bytes);
+        pf.K(j + 3, i * kElem, bytes);
+      }
       auto x0 = LoadKv<kKv>(d, k0 + i), x1 = LoadKv<kKv>(d, k1 + i);
       auto x2 = LoadKv<kKv>(d, k2 + i), x3 = LoadKv<kKv>(d, k3 + i);
       InRegister(x0), InRegister(x1), InRegister(x2), InRegister(x3);
