@@ -460,8 +460,12 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const float neg_inf = -std::numeric_limits<float>::infinity();
   constexpr int64_t kElem = static_cast<int64_t>(sizeof(KvElem<kKv>));
-  const RowPrefetch pf(k, k_row * kElem, v, v_row * kElem, dv * kElem, prefetch_end);
+  // Only the first group of 4 rows streams the tile from memory and
+  // prefetches ahead; the groups after it read the tile again from cache.
+  const RowPrefetch first(k, k_row * kElem, v, v_row * kElem, dv * kElem, prefetch_end);
+  const RowPrefetch none;
   for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+    const RowPrefetch& pf = r0 == 0 ? first : none;
     const int64_t n = std::min<int64_t>(4, rows - r0);
     const float* qr = q + r0 * dk;
     float scale[4];  // per row: factor of the output so far (online softmax)
