@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "lib/dtype.h"
 #include "lib/packing.h"
 #include "lib/reference.h"
 #include "simdattn/attention.h"
@@ -1380,6 +1381,59 @@ TEST(KvTypeTest, F16InfinityStaysInfinite) {
       EXPECT_EQ(std::isinf(out.o.Get(0, 0, i, 17)), i >= 3) << i;
       EXPECT_EQ(std::isinf(out.o.Get(0, 0, i, 2)), i >= 3) << i;
       EXPECT_TRUE(std::isfinite(out.o.Get(0, 0, i, 5))) << i;
+    }
+  }
+}
+
+// Every f16 bit pattern in V reaches the output as F16ToF32 gives it (NaN
+// as NaN) on every target, through the tiled kernel and the decode path:
+// each query sees one key, whose weight is 1. SSSE3 and SSE4 widen f16 with
+// LoadF16Soft's integer vector code, SCALAR with F16ToF32, the others in
+// hardware.
+TEST(KvTypeTest, F16EveryBitPatternWidensExactly) {
+  constexpr int64_t kRows = 1024, kCols = 64;  // 65536 patterns
+  for (const bool decode : {false, true}) {
+    Case c;
+    c.kv_dtype = DType::kF16;
+    c.dk = 4;
+    c.dv = kCols;
+    c.lse = false;
+    // Tiled: query i sees only key i (a window of 0). Decode: one query and
+    // one key per batch.
+    if (decode) {
+      c.batch = kRows;
+    } else {
+      c.q_len = kRows;
+      c.kv_len = kRows;
+      c.options.window_left = 0;
+      c.options.window_right = 0;
+    }
+    Inputs in = MakeInputs(c, 3250 + (decode ? 1 : 0));
+    const auto at = [decode](const Tensor& t, int64_t row, int64_t col) {
+      return t.Index(decode ? row : 0, 0, decode ? 0 : row, col);
+    };
+    for (int64_t row = 0; row < kRows; ++row) {
+      for (int64_t col = 0; col < kCols; ++col) {
+        const uint16_t h = static_cast<uint16_t>(row * kCols + col);
+        std::memcpy(in.v.bytes.data() + at(in.v, row, col) * 2, &h, 2);
+      }
+    }
+    for (const std::string& target : TestTargets()) {
+      SCOPED_TRACE(target + (decode ? " decode" : " tiled"));
+      const Outputs out = RunFast(c, in, target);
+      ASSERT_TRUE(out.status.ok()) << out.status.message;
+      int64_t wrong = 0;
+      for (int64_t row = 0; row < kRows; ++row) {
+        for (int64_t col = 0; col < kCols; ++col) {
+          const uint16_t h = static_cast<uint16_t>(row * kCols + col);
+          const float want = F16ToF32(h);
+          float got;
+          std::memcpy(&got, out.o.bytes.data() + at(out.o, row, col) * 4, 4);
+          if (std::isnan(want) ? std::isnan(got) : got == want) continue;
+          if (++wrong <= 5) ADD_FAILURE() << "f16 0x" << std::hex << h << ": " << got;
+        }
+      }
+      EXPECT_EQ(wrong, 0);
     }
   }
 }

@@ -33,11 +33,43 @@ namespace hn = hwy::HWY_NAMESPACE;
 // Storage types of K/V as the kernels see them.
 enum class KvType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
+// The Lanes(d) f16 values at p widened exactly, in software: F16ToF32 of
+// lib/dtype.h (Inf and NaN kept, NaN payloads too) with integer vector ops,
+// for SSSE3 and SSE4, which have no hardware conversion (Highway 1.0.3's own
+// software path there turns f16 Inf into 65536). It replaced F16ToF32 one
+// element at a time. On the Zen 5 capped to each target (1 thread, f16 K/V,
+// the two builds' processes alternating): decode from L2 (B1 Hq8 Hkv2 Lk512
+// D128) SSE4 1.1-1.5 -> 3.1-3.9 GB/s, SSSE3 1.3-1.4 -> 2.6-3.1; decode from
+// memory (Hq32 Hkv8 Lk16384) SSE4 1.3 -> 2.4, SSSE3 1.3 -> 2.1; prefill
+// (B1 H8 L1024 D128) SSE4 23.4 -> 26.0-27.0 GFLOP/s, SSSE3 25.9-26.7 ->
+// 31.3-32.6. SCALAR keeps F16ToF32 (0.8-1.0 GB/s either way, decode from
+// L2; one lane gains nothing from it).
+template <class D>
+HWY_INLINE hn::VFromD<D> LoadF16Soft(D d, const uint16_t* HWY_RESTRICT p) {
+  const hn::RebindToUnsigned<D> du;
+  const hn::RebindToSigned<D> di;
+  const hn::Rebind<uint16_t, D> d16;
+  const auto h = hn::PromoteTo(du, hn::LoadU(d16, p));
+  const auto sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)));
+  const auto magnitude = hn::BitCast(di, hn::And(h, hn::Set(du, 0x7FFFu)));
+  // Normal: the exponent rebiased from 15 to 127 (+112 << 23); Inf and NaN
+  // (exponent 31) rebiased once more, to 255.
+  const auto rebias = hn::Set(di, 112 << 23);
+  auto bits = hn::Add(hn::ShiftLeft<13>(magnitude), rebias);
+  const auto inf_nan = hn::Gt(magnitude, hn::Set(di, 0x7BFF));
+  bits = hn::IfThenElse(inf_nan, hn::Add(bits, rebias), bits);
+  // Zero and subnormal: mantissa x 2^-24, exact in f32.
+  const auto small = hn::Mul(hn::ConvertTo(d, magnitude), hn::Set(d, 1.0f / 16777216.0f));
+  const auto is_small = hn::RebindMask(d, hn::Lt(magnitude, hn::Set(di, 0x0400)));
+  const auto value = hn::IfThenElse(is_small, small, hn::BitCast(d, bits));
+  return hn::Or(value, hn::BitCast(d, sign));
+}
+
 // dst[0..n) = src[0..n) widened exactly. f16 uses the hardware conversion
-// where the target has one (F16C on AVX2/AVX-512, NEON, SVE); SSSE3, SSE4
-// and SCALAR convert in software with lib/dtype.h, because Highway 1.0.3's
-// software path turns f16 Inf into 65536 and SEMANTICS.md wants Inf and NaN
-// kept on every target. bf16 -> f32 is a shift everywhere.
+// where the target has one (F16C on AVX2/AVX-512, NEON, SVE); SSSE3 and
+// SSE4 convert in software (LoadF16Soft) and SCALAR with F16ToF32, because
+// Highway 1.0.3's software path turns f16 Inf into 65536 and SEMANTICS.md
+// wants Inf and NaN kept on every target. bf16 -> f32 is a shift everywhere.
 template <class D>
 HWY_INLINE void WidenRow(D d, const uint16_t* HWY_RESTRICT src, KvType type,
                          int64_t n, float* HWY_RESTRICT dst) {
@@ -58,6 +90,8 @@ HWY_INLINE void WidenRow(D d, const uint16_t* HWY_RESTRICT src, KvType type,
     hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(src + i))),
                d, dst + i);
   }
+#elif HWY_TARGET != HWY_SCALAR
+  for (; i + N <= n; i += N) hn::StoreU(LoadF16Soft(d, src + i), d, dst + i);
 #endif
   for (; i < n; ++i) dst[i] = F16ToF32(src[i]);
 }
