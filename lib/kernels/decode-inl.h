@@ -115,8 +115,8 @@ class RowPrefetch {
         rows_(rows),
         k_ahead_(Rows(kPrefetchBytes, k_stride)),
         v_ahead_(Rows(kPrefetchBytes, v_stride)),
-        k_far_(Rows(kFarPrefetchBytes, k_stride)),
-        v_far_(Rows(kFarPrefetchBytes, v_stride)) {}
+        k_far_(kFar ? Rows(kFarPrefetchBytes, k_stride) : 0),
+        v_far_(kFar ? Rows(kFarPrefetchBytes, v_stride) : 0) {}
 
   // The lines of bytes [offset, offset + bytes) of K row `row` + k_ahead
   // (and of row + k_far into L2).
@@ -156,7 +156,7 @@ class RowPrefetch {
   const char* v_ = nullptr;
   int64_t k_stride_ = 0, v_stride_ = 0, v_bytes_ = 0, rows_ = 0;
   int64_t k_ahead_ = 1, v_ahead_ = 1;
-  int64_t k_far_ = 1, v_far_ = 1;
+  int64_t k_far_ = 0, v_far_ = 0;  // only with kFar
 };
 
 // Keeps v in a register. GCC otherwise folds a vector load that several FMAs
