@@ -96,58 +96,86 @@ constexpr int64_t kPrefetchBytes = 8192;
 // those take only the prefetches into L1.
 constexpr int64_t kFarPrefetchBytes = 32768;
 
-// The prefetches of K/V elements stored as KvElem<kKv>.
-template <int kKv>
+// With the tile's keys in runs (kRuns > 1, see KeyAt; only f32 K/V), each
+// run is its own stream of K rows and of V rows, prefetched this far ahead
+// along it: kRunPrefetchBytes into L1, kRunFarPrefetchBytes into L2. On the
+// Zen 5 (1 thread, 4 runs, D128, Lk 16384 from memory, one process
+// alternating with tiles of consecutive keys at 18.4-18.8 GB/s): 512 B /
+// 1 KiB into L1 with 2-8 KiB into L2 22.8-24.4 GB/s, without the L2
+// prefetches 20.5-22.6, 4 KiB into L1 with 16 KiB into L2 17.2 (16.5 there
+// with consecutive keys).
+constexpr int64_t kRunPrefetchBytes = 1024;
+constexpr int64_t kRunFarPrefetchBytes = 4096;
+
+// The prefetches of K/V elements stored as KvElem<kKv>, for a tile of
+// kRuns runs (KeyAt).
+template <int kKv, int kRuns = 1>
 class RowPrefetch {
  public:
   RowPrefetch() = default;  // prefetches nothing
 
   // K and V rows from the tile's first: base pointers and row strides in
   // bytes, V's row length in bytes, and how many rows exist (`rows`; 0:
-  // none is prefetched).
+  // none is prefetched); with kRuns > 1, the rows between runs.
   RowPrefetch(const void* k, int64_t k_stride, const void* v, int64_t v_stride,
-              int64_t v_bytes, int64_t rows)
+              int64_t v_bytes, int64_t rows, int64_t run_rows = 0)
       : k_(static_cast<const char*>(k)),
         v_(static_cast<const char*>(v)),
         k_stride_(k_stride),
         v_stride_(v_stride),
         v_bytes_(v_bytes),
         rows_(rows),
-        k_ahead_(Rows(kPrefetchBytes, k_stride)),
-        v_ahead_(Rows(kPrefetchBytes, v_stride)),
-        k_far_(kFar ? Rows(kFarPrefetchBytes, k_stride) : 0),
-        v_far_(kFar ? Rows(kFarPrefetchBytes, v_stride) : 0) {}
+        run_rows_(run_rows),
+        k_ahead_(Rows(kNear, k_stride)),
+        v_ahead_(Rows(kNear, v_stride)),
+        k_far_(kFar ? Rows(kFarBytes, k_stride) : 0),
+        v_far_(kFar ? Rows(kFarBytes, v_stride) : 0) {}
 
   // The lines of bytes [offset, offset + bytes) of K row `row` + k_ahead
-  // (and of row + k_far into L2).
+  // (and of row + k_far into L2); rows counted along the run.
   HWY_INLINE void K(int64_t row, int64_t offset, int64_t bytes) const {
-    if (k_ == nullptr || row + k_ahead_ >= rows_) return;
-    const char* p = k_ + (row + k_ahead_) * k_stride_ + offset;
+    const int64_t r = Ahead(row, k_ahead_);
+    if (k_ == nullptr || r >= rows_) return;
+    const char* p = k_ + r * k_stride_ + offset;
     for (int64_t b = 0; b < bytes; b += 64) Line(p + b);
     if constexpr (kFar) {
-      if (row + k_far_ >= rows_) return;
-      const char* f = k_ + (row + k_far_) * k_stride_ + offset;
-      for (int64_t b = 0; b < bytes; b += 64) Far(f + b);
+      const int64_t f = Ahead(row, k_far_);
+      if (f >= rows_) return;
+      const char* pf = k_ + f * k_stride_ + offset;
+      for (int64_t b = 0; b < bytes; b += 64) Far(pf + b);
     }
   }
 
   // All lines of V row `row` + v_ahead (and of row + v_far into L2).
   HWY_INLINE void V(int64_t row) const {
-    if (v_ == nullptr || row + v_ahead_ >= rows_) return;
-    const char* p = v_ + (row + v_ahead_) * v_stride_;
+    const int64_t r = Ahead(row, v_ahead_);
+    if (v_ == nullptr || r >= rows_) return;
+    const char* p = v_ + r * v_stride_;
     for (int64_t b = 0; b < v_bytes_; b += 64) Line(p + b);
     if constexpr (kFar) {
-      if (row + v_far_ >= rows_) return;
-      const char* f = v_ + (row + v_far_) * v_stride_;
-      for (int64_t b = 0; b < v_bytes_; b += 64) Far(f + b);
+      const int64_t f = Ahead(row, v_far_);
+      if (f >= rows_) return;
+      const char* pf = v_ + f * v_stride_;
+      for (int64_t b = 0; b < v_bytes_; b += 64) Far(pf + b);
     }
   }
 
  private:
   static constexpr bool kFar = kKv == 0;
+  static constexpr int64_t kNear = kRuns == 1 ? kPrefetchBytes : kRunPrefetchBytes;
+  static constexpr int64_t kFarBytes =
+      kRuns == 1 ? kFarPrefetchBytes : kRunFarPrefetchBytes;
   // Rows of `stride` bytes in about `bytes` (at least 1).
   static int64_t Rows(int64_t bytes, int64_t stride) {
     return std::max<int64_t>(1, bytes / std::max<int64_t>(1, stride));
+  }
+  // The row `ahead` rows past the tile's key j along its run.
+  HWY_INLINE int64_t Ahead(int64_t j, int64_t ahead) const {
+    if constexpr (kRuns == 1) {
+      return j + ahead;
+    } else {
+      return (j % kRuns) * run_rows_ + j / kRuns + ahead;
+    }
   }
   static HWY_INLINE void Line(const char* p) { __builtin_prefetch(p, 0, 0); }
   static HWY_INLINE void Far(const char* p) { __builtin_prefetch(p, 0, 2); }
@@ -155,6 +183,7 @@ class RowPrefetch {
   const char* k_ = nullptr;
   const char* v_ = nullptr;
   int64_t k_stride_ = 0, v_stride_ = 0, v_bytes_ = 0, rows_ = 0;
+  int64_t run_rows_ = 0;  // only with kRuns > 1
   int64_t k_ahead_ = 1, v_ahead_ = 1;
   int64_t k_far_ = 0, v_far_ = 0;  // only with kFar
 };
@@ -187,6 +216,25 @@ HWY_INLINE float KvToF32(KvElem<kKv> x) {
     return F16ToF32(x);
   } else {
     return BF16ToF32(x);
+  }
+}
+
+// Row of the tile's key j. kRuns = 1: the tile is one run of consecutive
+// keys (key j at p + j * row). kRuns > 1: the tile interleaves kRuns runs
+// of consecutive keys, `run` elements apart: key j is row j / kRuns of run
+// j % kRuns. The hardware prefetchers follow several runs read side by side
+// better than one: a loop reading 4 sequences at once with the dot
+// products' arithmetic read 39-43 GB/s on the Zen 5 with 1 thread, one
+// sequence 29-33, 4 adjacent rows at a time (as tiles of consecutive keys
+// do) 19-25 (synthetic loops, 4 FMAs per vector read).
+template <int kRuns, class T>
+HWY_INLINE const T* KeyAt(const T* HWY_RESTRICT p, int64_t j, int64_t row,
+                          int64_t run) {
+  if constexpr (kRuns == 1) {
+    (void)run;
+    return p + j * row;
+  } else {
+    return p + (j % kRuns) * run + (j / kRuns) * row;
   }
 }
 
@@ -235,20 +283,23 @@ HWY_INLINE void StoreSums4(D d, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out)
 
 // Scores of up to 4 rows (kRows) against the tile's keys into s[r * nk + j].
 // `pf` prefetches K rows ahead of those read.
-template <int kRows, int kKv, class D>
-HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
+// Out of line, as DecodeValues: inlined into the task with 4 runs, GCC
+// kept one of the 16 accumulators on the stack (f32 K/V from memory, 1
+// thread: 17.1 GB/s inlined, 23.5 out of line).
+template <int kRows, int kKv, int kRuns, class D>
+HWY_NOINLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
                              const KvElem<kKv>* HWY_RESTRICT k, int64_t k_row,
-                             int64_t nk, const RowPrefetch<kKv>& pf,
+                             int64_t k_run, int64_t nk, const RowPrefetch<kKv, kRuns>& pf,
                              float* HWY_RESTRICT s) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t dk_vec = dk / N * N;
   constexpr int64_t kElem = static_cast<int64_t>(sizeof(KvElem<kKv>));
   int64_t j = 0;
   for (; j + 4 <= nk; j += 4) {
-    const KvElem<kKv>* k0 = k + j * k_row;
-    const KvElem<kKv>* k1 = k0 + k_row;
-    const KvElem<kKv>* k2 = k1 + k_row;
-    const KvElem<kKv>* k3 = k2 + k_row;
+    const KvElem<kKv>* k0 = KeyAt<kRuns>(k, j, k_row, k_run);
+    const KvElem<kKv>* k1 = KeyAt<kRuns>(k, j + 1, k_row, k_run);
+    const KvElem<kKv>* k2 = KeyAt<kRuns>(k, j + 2, k_row, k_run);
+    const KvElem<kKv>* k3 = KeyAt<kRuns>(k, j + 3, k_row, k_run);
     auto a00 = hn::Zero(d), a01 = a00, a02 = a00, a03 = a00;
     auto a10 = a00, a11 = a00, a12 = a00, a13 = a00;
     auto a20 = a00, a21 = a00, a22 = a00, a23 = a00;
@@ -306,7 +357,7 @@ HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
 #undef SIMDATTN_SUM_DOTS
   }
   for (; j < nk; ++j) {  // leftover keys: one at a time
-    const KvElem<kKv>* kj = k + j * k_row;
+    const KvElem<kKv>* kj = KeyAt<kRuns>(k, j, k_row, k_run);
     for (int r = 0; r < kRows; ++r) {
       auto acc = hn::Zero(d);
       int64_t i = 0;
@@ -370,7 +421,7 @@ HWY_INLINE void LoadKv4(D d, const KvElem<kKv>* HWY_RESTRICT p, V& x0, V& x1,
   }
 #define SIMDATTN_PV_KEYS(GUARD)                                                  \
   for (int64_t j = 0; j < nk; ++j) {                                             \
-    const KvElem<kKv>* vj = v + j * v_row + e;                                   \
+    const KvElem<kKv>* vj = KeyAt<kRuns>(v, j, v_row, v_run) + e;              \
     if (!GUARD && e == 0) pf.V(j);                                               \
     hn::VFromD<D> x0, x1, x2, x3;                                                \
     LoadKv4<kKv>(d, vj, x0, x1, x2, x3);                                         \
@@ -394,15 +445,15 @@ HWY_INLINE void LoadKv4(D d, const KvElem<kKv>* HWY_RESTRICT p, V& x0, V& x1,
 // DecodeValues for output columns [e, e + 4N) skipping +0.0 weights (hidden
 // keys): the rare redo when the plain product was not finite. Out of line,
 // so the plain loop's code stays as it is without options.
-template <int kRows, int kKv, class D>
+template <int kRows, int kKv, int kRuns, class D>
 HWY_NOINLINE void DecodeValuesGuarded(D d, const float* HWY_RESTRICT p,
                                       int64_t nk,
                                       const KvElem<kKv>* HWY_RESTRICT v,
-                                      int64_t v_row, int64_t dv, int64_t e,
+                                      int64_t v_row, int64_t v_run, int64_t dv, int64_t e,
                                       const float* HWY_RESTRICT scale,
                                       float* HWY_RESTRICT o) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const RowPrefetch<kKv> pf;  // none on this rare path
+  const RowPrefetch<kKv, kRuns> pf;  // none on this rare path
   SIMDATTN_PV_ACCUMULATORS
   SIMDATTN_LOAD_O(0) SIMDATTN_LOAD_O(1) SIMDATTN_LOAD_O(2) SIMDATTN_LOAD_O(3)
   SIMDATTN_PV_KEYS(true)
@@ -416,10 +467,10 @@ HWY_NOINLINE void DecodeValuesGuarded(D d, const float* HWY_RESTRICT p,
 // no part (0 * Inf would be NaN). The plain product runs first; only if its
 // result is not finite is it redone skipping +0.0 weights (dropped keys are
 // -0.0 and still take part, as in the reference).
-template <int kRows, int kKv, bool kMayHide, class D>
-HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
+template <int kRows, int kKv, int kRuns, bool kMayHide, class D>
+HWY_NOINLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
                              const KvElem<kKv>* HWY_RESTRICT v, int64_t v_row,
-                             int64_t dv, const RowPrefetch<kKv>& pf,
+                             int64_t v_run, int64_t dv, const RowPrefetch<kKv, kRuns>& pf,
                              const float* HWY_RESTRICT scale,
                              float* HWY_RESTRICT o) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -430,7 +481,7 @@ HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
     SIMDATTN_PV_KEYS(false)
     if (kMayHide && !AllFinite16(d, a00, a01, a02, a03, a10, a11, a12, a13, a20,
                                  a21, a22, a23, a30, a31, a32, a33)) {
-      DecodeValuesGuarded<kRows, kKv>(d, p, nk, v, v_row, dv, e, scale, o);
+      DecodeValuesGuarded<kRows, kKv, kRuns>(d, p, nk, v, v_row, v_run, dv, e, scale, o);
       continue;
     }
     SIMDATTN_STORE_O(0) SIMDATTN_STORE_O(1) SIMDATTN_STORE_O(2) SIMDATTN_STORE_O(3)
@@ -442,7 +493,7 @@ HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
     for (int64_t j = 0; j < nk; ++j) {
       const float w = p[r * nk + j];
       if (kMayHide && BitCastScalar(w) == 0) continue;  // a hidden key
-      const KvElem<kKv>* vj = v + j * v_row;
+      const KvElem<kKv>* vj = KeyAt<kRuns>(v, j, v_row, v_run);
       for (int64_t t = e; t < dv; ++t) o[r * dv + t] += w * KvToF32<kKv>(vj[t]);
     }
   }
@@ -453,17 +504,30 @@ HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
 #undef SIMDATTN_PV_ROW
 #undef SIMDATTN_LOAD_O
 
-template <int kKv, bool kMayHide, class D>
+template <int kKv, int kRuns, bool kMayHide, class D>
 HWY_INLINE void DecodeValuesRows(D d, int64_t n, const float* HWY_RESTRICT p,
                                  int64_t nk, const KvElem<kKv>* HWY_RESTRICT v,
-                                 int64_t v_row, int64_t dv, const RowPrefetch<kKv>& pf,
+                                 int64_t v_row, int64_t v_run, int64_t dv,
+                                 const RowPrefetch<kKv, kRuns>& pf,
                                  const float* HWY_RESTRICT scale,
                                  float* HWY_RESTRICT o) {
   switch (n) {
-    case 4: DecodeValues<4, kKv, kMayHide>(d, p, nk, v, v_row, dv, pf, scale, o); break;
-    case 3: DecodeValues<3, kKv, kMayHide>(d, p, nk, v, v_row, dv, pf, scale, o); break;
-    case 2: DecodeValues<2, kKv, kMayHide>(d, p, nk, v, v_row, dv, pf, scale, o); break;
-    default: DecodeValues<1, kKv, kMayHide>(d, p, nk, v, v_row, dv, pf, scale, o); break;
+    case 4:
+      DecodeValues<4, kKv, kRuns, kMayHide>(d, p, nk, v, v_row, v_run, dv, pf,
+                                            scale, o);
+      break;
+    case 3:
+      DecodeValues<3, kKv, kRuns, kMayHide>(d, p, nk, v, v_row, v_run, dv, pf,
+                                            scale, o);
+      break;
+    case 2:
+      DecodeValues<2, kKv, kRuns, kMayHide>(d, p, nk, v, v_row, v_run, dv, pf,
+                                            scale, o);
+      break;
+    default:
+      DecodeValues<1, kKv, kRuns, kMayHide>(d, p, nk, v, v_row, v_run, dv, pf,
+                                            scale, o);
+      break;
   }
 }
 
@@ -478,36 +542,39 @@ struct NoDecodeMods {
 // One tile for `rows` rows (any count): scores, online softmax, values.
 // K/V rows below `prefetch_end` (counted from the tile's first; 0 for none)
 // exist: pf prefetches among them, about kPrefetchBytes ahead of the rows
-// read (RowPrefetch).
+// read (RowPrefetch). kRuns > 1: the keys come from kRuns runs, k_run and
+// v_run elements apart (KeyAt).
 // Mods (NoDecodeMods's interface) changes block row r's scores of the tile
 // before the softmax (Scores) and its weights after it (Weights); may_hide()
 // says whether some key of the tile may be hidden from a row.
-template <int kKv, class D, class Mods = NoDecodeMods>
+template <int kKv, int kRuns = 1, class D, class Mods = NoDecodeMods>
 HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
                            int64_t dk, const KvElem<kKv>* HWY_RESTRICT k,
                            int64_t k_row, const KvElem<kKv>* HWY_RESTRICT v,
                            int64_t v_row, int64_t dv, int64_t nk,
                            int64_t prefetch_end, float* HWY_RESTRICT s,
                            float* HWY_RESTRICT m, float* HWY_RESTRICT l,
-                           float* HWY_RESTRICT o, const Mods& mods = Mods()) {
+                           float* HWY_RESTRICT o, const Mods& mods = Mods(),
+                           int64_t k_run = 0, int64_t v_run = 0) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const float neg_inf = -std::numeric_limits<float>::infinity();
   constexpr int64_t kElem = static_cast<int64_t>(sizeof(KvElem<kKv>));
   // Only the first group of 4 rows streams the tile from memory and
   // prefetches ahead; the groups after it read the tile again from cache.
-  const RowPrefetch<kKv> first(k, k_row * kElem, v, v_row * kElem, dv * kElem,
-                               prefetch_end);
-  const RowPrefetch<kKv> none;
+  const RowPrefetch<kKv, kRuns> first(k, k_row * kElem, v, v_row * kElem,
+                                      dv * kElem, prefetch_end,
+                                      kRuns > 1 ? k_run / k_row : 0);
+  const RowPrefetch<kKv, kRuns> none;
   for (int64_t r0 = 0; r0 < rows; r0 += 4) {
-    const RowPrefetch<kKv>& pf = r0 == 0 ? first : none;
+    const RowPrefetch<kKv, kRuns>& pf = r0 == 0 ? first : none;
     const int64_t n = std::min<int64_t>(4, rows - r0);
     const float* qr = q + r0 * dk;
     float scale[4];  // per row: factor of the output so far (online softmax)
     switch (n) {
-      case 4: DecodeScores<4, kKv>(d, qr, dk, k, k_row, nk, pf, s); break;
-      case 3: DecodeScores<3, kKv>(d, qr, dk, k, k_row, nk, pf, s); break;
-      case 2: DecodeScores<2, kKv>(d, qr, dk, k, k_row, nk, pf, s); break;
-      default: DecodeScores<1, kKv>(d, qr, dk, k, k_row, nk, pf, s); break;
+      case 4: DecodeScores<4, kKv, kRuns>(d, qr, dk, k, k_row, k_run, nk, pf, s); break;
+      case 3: DecodeScores<3, kKv, kRuns>(d, qr, dk, k, k_row, k_run, nk, pf, s); break;
+      case 2: DecodeScores<2, kKv, kRuns>(d, qr, dk, k, k_row, k_run, nk, pf, s); break;
+      default: DecodeScores<1, kKv, kRuns>(d, qr, dk, k, k_row, k_run, nk, pf, s); break;
     }
     // Online softmax per row (the recurrence of online_softmax-inl.h).
     for (int64_t t = 0; t < n; ++t) {
@@ -516,8 +583,11 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
       if constexpr (Mods::kActive) mods.Scores(r, nk, sr);
       auto vmax = hn::Set(d, neg_inf);
       auto vnan = hn::Zero(d);  // all-ones lanes where a score was NaN
+      // (Loops to nk_vec, then from it: with nk a constant 64, GCC 12
+      // warned of undefined behavior in the tail loops written as j + N <= nk.)
+      const int64_t nk_vec = nk / N * N;
       int64_t j = 0;
-      for (; j + N <= nk; j += N) {
+      for (; j < nk_vec; j += N) {
         const auto x = hn::LoadU(d, sr + j);
         vmax = hn::Max(vmax, x);
         vnan = hn::Or(vnan, hn::VecFromMask(d, hn::Ne(x, x)));
@@ -534,13 +604,13 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
       const float m_sub = m_new == neg_inf ? 0.0f : m_new;
       const auto vsub = hn::Set(d, m_sub);
       auto vsum = hn::Zero(d);
-      for (j = 0; j + N <= nk; j += N) {
+      for (j = 0; j < nk_vec; j += N) {
         const auto p = ExpNonPositive(d, hn::Sub(hn::LoadU(d, sr + j), vsub));
         hn::StoreU(p, d, sr + j);
         vsum = hn::Add(vsum, p);
       }
       float sum = hn::GetLane(hn::SumOfLanes(d, vsum));
-      for (; j < nk; ++j) {
+      for (j = nk_vec; j < nk; ++j) {
         const float x = sr[j] - m_sub;
         const float p = std::isnan(x) ? x : (x < -87.0f ? 0.0f : std::exp(x));
         sr[j] = p;
@@ -556,9 +626,11 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
     }
     float* orows = o + r0 * dv;
     if (mods.may_hide()) {
-      DecodeValuesRows<kKv, true>(d, n, s, nk, v, v_row, dv, pf, scale, orows);
+      DecodeValuesRows<kKv, kRuns, true>(d, n, s, nk, v, v_row, v_run, dv, pf,
+                                         scale, orows);
     } else {
-      DecodeValuesRows<kKv, false>(d, n, s, nk, v, v_row, dv, pf, scale, orows);
+      DecodeValuesRows<kKv, kRuns, false>(d, n, s, nk, v, v_row, v_run, dv, pf,
+                                          scale, orows);
     }
   }
 }
