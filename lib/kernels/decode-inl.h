@@ -283,11 +283,8 @@ HWY_INLINE void StoreSums4(D d, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out)
 
 // Scores of up to 4 rows (kRows) against the tile's keys into s[r * nk + j].
 // `pf` prefetches K rows ahead of those read.
-// Out of line, as DecodeValues: inlined into the task with 4 runs, GCC
-// kept one of the 16 accumulators on the stack (f32 K/V from memory, 1
-// thread: 17.1 GB/s inlined, 23.5 out of line).
 template <int kRows, int kKv, int kRuns, class D>
-HWY_NOINLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
+HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
                              const KvElem<kKv>* HWY_RESTRICT k, int64_t k_row,
                              int64_t k_run, int64_t nk, const RowPrefetch<kKv, kRuns>& pf,
                              float* HWY_RESTRICT s) {
@@ -468,7 +465,7 @@ HWY_NOINLINE void DecodeValuesGuarded(D d, const float* HWY_RESTRICT p,
 // result is not finite is it redone skipping +0.0 weights (dropped keys are
 // -0.0 and still take part, as in the reference).
 template <int kRows, int kKv, int kRuns, bool kMayHide, class D>
-HWY_NOINLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
+HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
                              const KvElem<kKv>* HWY_RESTRICT v, int64_t v_row,
                              int64_t v_run, int64_t dv, const RowPrefetch<kKv, kRuns>& pf,
                              const float* HWY_RESTRICT scale,
@@ -531,6 +528,42 @@ HWY_INLINE void DecodeValuesRows(D d, int64_t n, const float* HWY_RESTRICT p,
   }
 }
 
+// Out of line for f32 K/V: inlined into the task, GCC kept one or two of
+// the products' 16 accumulators on the stack (with the runs' pointers, f32
+// K/V from memory, 1 thread: 17.1 GB/s inlined, 23.5 out of line). The
+// 16-bit loops keep theirs in registers and stay inlined.
+template <int kKv, int kRuns, bool kMayHide, class D>
+HWY_NOINLINE void DecodeValuesRowsOutOfLine(
+    D d, int64_t n, const float* HWY_RESTRICT p, int64_t nk,
+    const KvElem<kKv>* HWY_RESTRICT v, int64_t v_row, int64_t v_run, int64_t dv,
+    const RowPrefetch<kKv, kRuns>& pf, const float* HWY_RESTRICT scale,
+    float* HWY_RESTRICT o) {
+  DecodeValuesRows<kKv, kRuns, kMayHide>(d, n, p, nk, v, v_row, v_run, dv, pf,
+                                         scale, o);
+}
+
+template <int kKv, int kRuns, class D>
+HWY_INLINE void DecodeScoresRows(D d, int64_t n, const float* HWY_RESTRICT q,
+                                 int64_t dk, const KvElem<kKv>* HWY_RESTRICT k,
+                                 int64_t k_row, int64_t k_run, int64_t nk,
+                                 const RowPrefetch<kKv, kRuns>& pf,
+                                 float* HWY_RESTRICT s) {
+  switch (n) {
+    case 4: DecodeScores<4, kKv, kRuns>(d, q, dk, k, k_row, k_run, nk, pf, s); break;
+    case 3: DecodeScores<3, kKv, kRuns>(d, q, dk, k, k_row, k_run, nk, pf, s); break;
+    case 2: DecodeScores<2, kKv, kRuns>(d, q, dk, k, k_row, k_run, nk, pf, s); break;
+    default: DecodeScores<1, kKv, kRuns>(d, q, dk, k, k_row, k_run, nk, pf, s); break;
+  }
+}
+
+template <int kKv, int kRuns, class D>
+HWY_NOINLINE void DecodeScoresRowsOutOfLine(
+    D d, int64_t n, const float* HWY_RESTRICT q, int64_t dk,
+    const KvElem<kKv>* HWY_RESTRICT k, int64_t k_row, int64_t k_run, int64_t nk,
+    const RowPrefetch<kKv, kRuns>& pf, float* HWY_RESTRICT s) {
+  DecodeScoresRows<kKv, kRuns>(d, n, q, dk, k, k_row, k_run, nk, pf, s);
+}
+
 // Score and weight options of the decode path: none.
 struct NoDecodeMods {
   static constexpr bool kActive = false;
@@ -570,11 +603,10 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
     const int64_t n = std::min<int64_t>(4, rows - r0);
     const float* qr = q + r0 * dk;
     float scale[4];  // per row: factor of the output so far (online softmax)
-    switch (n) {
-      case 4: DecodeScores<4, kKv, kRuns>(d, qr, dk, k, k_row, k_run, nk, pf, s); break;
-      case 3: DecodeScores<3, kKv, kRuns>(d, qr, dk, k, k_row, k_run, nk, pf, s); break;
-      case 2: DecodeScores<2, kKv, kRuns>(d, qr, dk, k, k_row, k_run, nk, pf, s); break;
-      default: DecodeScores<1, kKv, kRuns>(d, qr, dk, k, k_row, k_run, nk, pf, s); break;
+    if constexpr (kKv == 0) {
+      DecodeScoresRowsOutOfLine<kKv, kRuns>(d, n, qr, dk, k, k_row, k_run, nk, pf, s);
+    } else {
+      DecodeScoresRows<kKv, kRuns>(d, n, qr, dk, k, k_row, k_run, nk, pf, s);
     }
     // Online softmax per row (the recurrence of online_softmax-inl.h).
     for (int64_t t = 0; t < n; ++t) {
@@ -626,8 +658,16 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
     }
     float* orows = o + r0 * dv;
     if (mods.may_hide()) {
-      DecodeValuesRows<kKv, kRuns, true>(d, n, s, nk, v, v_row, v_run, dv, pf,
-                                         scale, orows);
+      if constexpr (kKv == 0) {
+        DecodeValuesRowsOutOfLine<kKv, kRuns, true>(d, n, s, nk, v, v_row, v_run,
+                                                    dv, pf, scale, orows);
+      } else {
+        DecodeValuesRows<kKv, kRuns, true>(d, n, s, nk, v, v_row, v_run, dv, pf,
+                                           scale, orows);
+      }
+    } else if constexpr (kKv == 0) {
+      DecodeValuesRowsOutOfLine<kKv, kRuns, false>(d, n, s, nk, v, v_row, v_run,
+                                                   dv, pf, scale, orows);
     } else {
       DecodeValuesRows<kKv, kRuns, false>(d, n, s, nk, v, v_row, v_run, dv, pf,
                                           scale, orows);
