@@ -53,8 +53,9 @@ constexpr int64_t kKeyTile = 64;
 // of consecutive keys, medians of 30 calls, three processes each): f32 1
 // thread +23% to +30% (Lk 4096 and 16384), 2 threads +9% to +25%. 2 and 8
 // runs gained less (+13%, +14% with 1 thread). bf16 K/V gained +2% to +16%
-// with 1 thread but 0% to -5% with 2 (f16 alike), so 16-bit K/V keep tiles
-// of consecutive keys.
+// with 1 thread but 0% to -5% with 2; f16 +15% to +17% with 1 thread, +1%
+// to +6% with 2 at Lk 65536 but 5-12% slower at Lk 4096 (processes
+// alternating). So 16-bit K/V keep tiles of consecutive keys.
 constexpr int64_t kDecodeRuns = 4;
 // Scratch regions start on this many floats (256 bytes: one SVE-2048 vector).
 constexpr int64_t kScratchAlign = 64;
