@@ -1869,25 +1869,31 @@ TEST(DecodeTest, SeveralQueriesOnTheDecodePath) {
 // the tiled kernel on each chunk, Lq 1 the decode path (its own partials).
 TEST(DecodeTest, BitIdenticalForAnyThreadCount) {
   ThreePools pools;
-  for (int64_t q_len : {2, 1}) {
-    Case c;
-    c.kv_dtype = DType::kBF16;
-    c.batch = 1;
-    c.q_heads = 16;
-    c.kv_heads = 8;
-    c.q_len = q_len;
-    c.kv_len = 3500;
-    c.dk = q_len == 2 ? 32 : 64;
-    c.dv = c.dk;
-    const Inputs in = MakeInputs(c, 4200 + q_len);
-    for (const std::string& target : TestTargets()) {
-      SCOPED_TRACE(testing::Message() << target << " Lq " << q_len);
-      const std::vector<Outputs> o = pools.Run(c, in, target);
-      EXPECT_EQ(o[0].info.num_tasks, 56);  // the keys really were split
-      EXPECT_EQ(o[0].o.bytes, o[1].o.bytes);
-      EXPECT_EQ(o[0].o.bytes, o[2].o.bytes);
-      EXPECT_EQ(o[0].lse, o[1].lse);
-      EXPECT_EQ(o[0].lse, o[2].lse);
+  // On the decode path f32 K/V take tiles of 4 runs (DecodeTiles), bf16
+  // tiles of consecutive keys; the last chunk (428 keys) also leaves keys
+  // under a tile.
+  for (const DType kv : {DType::kBF16, DType::kF32}) {
+    for (int64_t q_len : {2, 1}) {
+      Case c;
+      c.kv_dtype = kv;
+      c.batch = 1;
+      c.q_heads = 16;
+      c.kv_heads = 8;
+      c.q_len = q_len;
+      c.kv_len = 3500;
+      c.dk = q_len == 2 ? 32 : 64;
+      c.dv = c.dk;
+      const Inputs in = MakeInputs(c, 4200 + q_len);
+      for (const std::string& target : TestTargets()) {
+        SCOPED_TRACE(testing::Message() << target << " Lq " << q_len << " K/V "
+                                        << DTypeName(kv));
+        const std::vector<Outputs> o = pools.Run(c, in, target);
+        EXPECT_EQ(o[0].info.num_tasks, 56);  // the keys really were split
+        EXPECT_EQ(o[0].o.bytes, o[1].o.bytes);
+        EXPECT_EQ(o[0].o.bytes, o[2].o.bytes);
+        EXPECT_EQ(o[0].lse, o[1].lse);
+        EXPECT_EQ(o[0].lse, o[2].lse);
+      }
     }
   }
 }
