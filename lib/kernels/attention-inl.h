@@ -832,7 +832,7 @@ HWY_INLINE void DecodeTiles(const AttentionArgsF32& a, const KvRows& src,
         DecodeTile<0, kDecodeRuns>(
             d, rows, qrows, dk, reinterpret_cast<const float*>(src.k) + first * ks, ks,
             reinterpret_cast<const float*>(src.v) + first * vs, vs, dv, kKeyTile,
-            a.kv_len - first, s, m, l, orow, *mods, run * ks, run * vs);
+            a.kv_len - first, s, m, l, orow, *mods, run);
       }
       kv_first = kv_start + kDecodeRuns * run;
     }

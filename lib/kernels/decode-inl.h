@@ -96,6 +96,31 @@ constexpr int64_t kPrefetchBytes = 8192;
 // those take only the prefetches into L1.
 constexpr int64_t kFarPrefetchBytes = 32768;
 
+// Row of the tile's key j, counted from the tile's first. kRuns = 1: the
+// tile is one run of consecutive keys (row j). kRuns > 1: the tile
+// interleaves kRuns runs of consecutive keys, run_rows rows apart: key j is
+// row j / kRuns of run j % kRuns. The hardware prefetchers follow several
+// runs read side by side better than one: a loop reading 4 sequences at
+// once with the dot products' arithmetic read 39-43 GB/s on the Zen 5 with
+// 1 thread, one sequence 29-33, 4 adjacent rows at a time (as tiles of
+// consecutive keys do) 19-25 (synthetic loops, 4 FMAs per vector read).
+template <int kRuns>
+HWY_INLINE int64_t RunRow(int64_t j, int64_t run_rows) {
+  if constexpr (kRuns == 1) {
+    (void)run_rows;
+    return j;
+  } else {
+    return (j % kRuns) * run_rows + j / kRuns;
+  }
+}
+
+// Key j's row at p (row: elements between rows).
+template <int kRuns, class T>
+HWY_INLINE const T* KeyAt(const T* HWY_RESTRICT p, int64_t j, int64_t row,
+                          int64_t run_rows) {
+  return p + RunRow<kRuns>(j, run_rows) * row;
+}
+
 // With the tile's keys in runs (kRuns > 1, see KeyAt; only f32 K/V), each
 // run is its own stream of K rows and of V rows, prefetched this far ahead
 // along it: kRunPrefetchBytes into L1, kRunFarPrefetchBytes into L2. On the
@@ -171,11 +196,7 @@ class RowPrefetch {
   }
   // The row `ahead` rows past the tile's key j along its run.
   HWY_INLINE int64_t Ahead(int64_t j, int64_t ahead) const {
-    if constexpr (kRuns == 1) {
-      return j + ahead;
-    } else {
-      return (j % kRuns) * run_rows_ + j / kRuns + ahead;
-    }
+    return RunRow<kRuns>(j, run_rows_) + ahead;
   }
   static HWY_INLINE void Line(const char* p) { __builtin_prefetch(p, 0, 0); }
   static HWY_INLINE void Far(const char* p) { __builtin_prefetch(p, 0, 2); }
@@ -216,25 +237,6 @@ HWY_INLINE float KvToF32(KvElem<kKv> x) {
     return F16ToF32(x);
   } else {
     return BF16ToF32(x);
-  }
-}
-
-// Row of the tile's key j. kRuns = 1: the tile is one run of consecutive
-// keys (key j at p + j * row). kRuns > 1: the tile interleaves kRuns runs
-// of consecutive keys, `run` elements apart: key j is row j / kRuns of run
-// j % kRuns. The hardware prefetchers follow several runs read side by side
-// better than one: a loop reading 4 sequences at once with the dot
-// products' arithmetic read 39-43 GB/s on the Zen 5 with 1 thread, one
-// sequence 29-33, 4 adjacent rows at a time (as tiles of consecutive keys
-// do) 19-25 (synthetic loops, 4 FMAs per vector read).
-template <int kRuns, class T>
-HWY_INLINE const T* KeyAt(const T* HWY_RESTRICT p, int64_t j, int64_t row,
-                          int64_t run) {
-  if constexpr (kRuns == 1) {
-    (void)run;
-    return p + j * row;
-  } else {
-    return p + (j % kRuns) * run + (j / kRuns) * row;
   }
 }
 
@@ -286,17 +288,18 @@ HWY_INLINE void StoreSums4(D d, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out)
 template <int kRows, int kKv, int kRuns, class D>
 HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
                              const KvElem<kKv>* HWY_RESTRICT k, int64_t k_row,
-                             int64_t k_run, int64_t nk, const RowPrefetch<kKv, kRuns>& pf,
+                             int64_t run_rows, int64_t nk,
+                             const RowPrefetch<kKv, kRuns>& pf,
                              float* HWY_RESTRICT s) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t dk_vec = dk / N * N;
   constexpr int64_t kElem = static_cast<int64_t>(sizeof(KvElem<kKv>));
   int64_t j = 0;
   for (; j + 4 <= nk; j += 4) {
-    const KvElem<kKv>* k0 = KeyAt<kRuns>(k, j, k_row, k_run);
-    const KvElem<kKv>* k1 = KeyAt<kRuns>(k, j + 1, k_row, k_run);
-    const KvElem<kKv>* k2 = KeyAt<kRuns>(k, j + 2, k_row, k_run);
-    const KvElem<kKv>* k3 = KeyAt<kRuns>(k, j + 3, k_row, k_run);
+    const KvElem<kKv>* k0 = KeyAt<kRuns>(k, j, k_row, run_rows);
+    const KvElem<kKv>* k1 = KeyAt<kRuns>(k, j + 1, k_row, run_rows);
+    const KvElem<kKv>* k2 = KeyAt<kRuns>(k, j + 2, k_row, run_rows);
+    const KvElem<kKv>* k3 = KeyAt<kRuns>(k, j + 3, k_row, run_rows);
     auto a00 = hn::Zero(d), a01 = a00, a02 = a00, a03 = a00;
     auto a10 = a00, a11 = a00, a12 = a00, a13 = a00;
     auto a20 = a00, a21 = a00, a22 = a00, a23 = a00;
@@ -354,7 +357,7 @@ HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
 #undef SIMDATTN_SUM_DOTS
   }
   for (; j < nk; ++j) {  // leftover keys: one at a time
-    const KvElem<kKv>* kj = KeyAt<kRuns>(k, j, k_row, k_run);
+    const KvElem<kKv>* kj = KeyAt<kRuns>(k, j, k_row, run_rows);
     for (int r = 0; r < kRows; ++r) {
       auto acc = hn::Zero(d);
       int64_t i = 0;
@@ -418,7 +421,7 @@ HWY_INLINE void LoadKv4(D d, const KvElem<kKv>* HWY_RESTRICT p, V& x0, V& x1,
   }
 #define SIMDATTN_PV_KEYS(GUARD)                                                  \
   for (int64_t j = 0; j < nk; ++j) {                                             \
-    const KvElem<kKv>* vj = KeyAt<kRuns>(v, j, v_row, v_run) + e;              \
+    const KvElem<kKv>* vj = KeyAt<kRuns>(v, j, v_row, run_rows) + e;              \
     if (!GUARD && e == 0) pf.V(j);                                               \
     hn::VFromD<D> x0, x1, x2, x3;                                                \
     LoadKv4<kKv>(d, vj, x0, x1, x2, x3);                                         \
@@ -446,7 +449,8 @@ template <int kRows, int kKv, int kRuns, class D>
 HWY_NOINLINE void DecodeValuesGuarded(D d, const float* HWY_RESTRICT p,
                                       int64_t nk,
                                       const KvElem<kKv>* HWY_RESTRICT v,
-                                      int64_t v_row, int64_t v_run, int64_t dv, int64_t e,
+                                      int64_t v_row, int64_t run_rows, int64_t dv,
+                                      int64_t e,
                                       const float* HWY_RESTRICT scale,
                                       float* HWY_RESTRICT o) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -467,7 +471,8 @@ HWY_NOINLINE void DecodeValuesGuarded(D d, const float* HWY_RESTRICT p,
 template <int kRows, int kKv, int kRuns, bool kMayHide, class D>
 HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
                              const KvElem<kKv>* HWY_RESTRICT v, int64_t v_row,
-                             int64_t v_run, int64_t dv, const RowPrefetch<kKv, kRuns>& pf,
+                             int64_t run_rows, int64_t dv,
+                             const RowPrefetch<kKv, kRuns>& pf,
                              const float* HWY_RESTRICT scale,
                              float* HWY_RESTRICT o) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -478,7 +483,8 @@ HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
     SIMDATTN_PV_KEYS(false)
     if (kMayHide && !AllFinite16(d, a00, a01, a02, a03, a10, a11, a12, a13, a20,
                                  a21, a22, a23, a30, a31, a32, a33)) {
-      DecodeValuesGuarded<kRows, kKv, kRuns>(d, p, nk, v, v_row, v_run, dv, e, scale, o);
+      DecodeValuesGuarded<kRows, kKv, kRuns>(d, p, nk, v, v_row, run_rows, dv, e,
+                                             scale, o);
       continue;
     }
     SIMDATTN_STORE_O(0) SIMDATTN_STORE_O(1) SIMDATTN_STORE_O(2) SIMDATTN_STORE_O(3)
@@ -490,7 +496,7 @@ HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
     for (int64_t j = 0; j < nk; ++j) {
       const float w = p[r * nk + j];
       if (kMayHide && BitCastScalar(w) == 0) continue;  // a hidden key
-      const KvElem<kKv>* vj = KeyAt<kRuns>(v, j, v_row, v_run);
+      const KvElem<kKv>* vj = KeyAt<kRuns>(v, j, v_row, run_rows);
       for (int64_t t = e; t < dv; ++t) o[r * dv + t] += w * KvToF32<kKv>(vj[t]);
     }
   }
@@ -504,25 +510,25 @@ HWY_INLINE void DecodeValues(D d, const float* HWY_RESTRICT p, int64_t nk,
 template <int kKv, int kRuns, bool kMayHide, class D>
 HWY_INLINE void DecodeValuesRows(D d, int64_t n, const float* HWY_RESTRICT p,
                                  int64_t nk, const KvElem<kKv>* HWY_RESTRICT v,
-                                 int64_t v_row, int64_t v_run, int64_t dv,
+                                 int64_t v_row, int64_t run_rows, int64_t dv,
                                  const RowPrefetch<kKv, kRuns>& pf,
                                  const float* HWY_RESTRICT scale,
                                  float* HWY_RESTRICT o) {
   switch (n) {
     case 4:
-      DecodeValues<4, kKv, kRuns, kMayHide>(d, p, nk, v, v_row, v_run, dv, pf,
+      DecodeValues<4, kKv, kRuns, kMayHide>(d, p, nk, v, v_row, run_rows, dv, pf,
                                             scale, o);
       break;
     case 3:
-      DecodeValues<3, kKv, kRuns, kMayHide>(d, p, nk, v, v_row, v_run, dv, pf,
+      DecodeValues<3, kKv, kRuns, kMayHide>(d, p, nk, v, v_row, run_rows, dv, pf,
                                             scale, o);
       break;
     case 2:
-      DecodeValues<2, kKv, kRuns, kMayHide>(d, p, nk, v, v_row, v_run, dv, pf,
+      DecodeValues<2, kKv, kRuns, kMayHide>(d, p, nk, v, v_row, run_rows, dv, pf,
                                             scale, o);
       break;
     default:
-      DecodeValues<1, kKv, kRuns, kMayHide>(d, p, nk, v, v_row, v_run, dv, pf,
+      DecodeValues<1, kKv, kRuns, kMayHide>(d, p, nk, v, v_row, run_rows, dv, pf,
                                             scale, o);
       break;
   }
@@ -535,33 +541,33 @@ HWY_INLINE void DecodeValuesRows(D d, int64_t n, const float* HWY_RESTRICT p,
 template <int kKv, int kRuns, bool kMayHide, class D>
 HWY_NOINLINE void DecodeValuesRowsOutOfLine(
     D d, int64_t n, const float* HWY_RESTRICT p, int64_t nk,
-    const KvElem<kKv>* HWY_RESTRICT v, int64_t v_row, int64_t v_run, int64_t dv,
+    const KvElem<kKv>* HWY_RESTRICT v, int64_t v_row, int64_t run_rows, int64_t dv,
     const RowPrefetch<kKv, kRuns>& pf, const float* HWY_RESTRICT scale,
     float* HWY_RESTRICT o) {
-  DecodeValuesRows<kKv, kRuns, kMayHide>(d, n, p, nk, v, v_row, v_run, dv, pf,
+  DecodeValuesRows<kKv, kRuns, kMayHide>(d, n, p, nk, v, v_row, run_rows, dv, pf,
                                          scale, o);
 }
 
 template <int kKv, int kRuns, class D>
 HWY_INLINE void DecodeScoresRows(D d, int64_t n, const float* HWY_RESTRICT q,
                                  int64_t dk, const KvElem<kKv>* HWY_RESTRICT k,
-                                 int64_t k_row, int64_t k_run, int64_t nk,
+                                 int64_t k_row, int64_t run_rows, int64_t nk,
                                  const RowPrefetch<kKv, kRuns>& pf,
                                  float* HWY_RESTRICT s) {
   switch (n) {
-    case 4: DecodeScores<4, kKv, kRuns>(d, q, dk, k, k_row, k_run, nk, pf, s); break;
-    case 3: DecodeScores<3, kKv, kRuns>(d, q, dk, k, k_row, k_run, nk, pf, s); break;
-    case 2: DecodeScores<2, kKv, kRuns>(d, q, dk, k, k_row, k_run, nk, pf, s); break;
-    default: DecodeScores<1, kKv, kRuns>(d, q, dk, k, k_row, k_run, nk, pf, s); break;
+    case 4: DecodeScores<4, kKv, kRuns>(d, q, dk, k, k_row, run_rows, nk, pf, s); break;
+    case 3: DecodeScores<3, kKv, kRuns>(d, q, dk, k, k_row, run_rows, nk, pf, s); break;
+    case 2: DecodeScores<2, kKv, kRuns>(d, q, dk, k, k_row, run_rows, nk, pf, s); break;
+    default: DecodeScores<1, kKv, kRuns>(d, q, dk, k, k_row, run_rows, nk, pf, s); break;
   }
 }
 
 template <int kKv, int kRuns, class D>
 HWY_NOINLINE void DecodeScoresRowsOutOfLine(
     D d, int64_t n, const float* HWY_RESTRICT q, int64_t dk,
-    const KvElem<kKv>* HWY_RESTRICT k, int64_t k_row, int64_t k_run, int64_t nk,
+    const KvElem<kKv>* HWY_RESTRICT k, int64_t k_row, int64_t run_rows, int64_t nk,
     const RowPrefetch<kKv, kRuns>& pf, float* HWY_RESTRICT s) {
-  DecodeScoresRows<kKv, kRuns>(d, n, q, dk, k, k_row, k_run, nk, pf, s);
+  DecodeScoresRows<kKv, kRuns>(d, n, q, dk, k, k_row, run_rows, nk, pf, s);
 }
 
 // Score and weight options of the decode path: none.
@@ -575,8 +581,8 @@ struct NoDecodeMods {
 // One tile for `rows` rows (any count): scores, online softmax, values.
 // K/V rows below `prefetch_end` (counted from the tile's first; 0 for none)
 // exist: pf prefetches among them, about kPrefetchBytes ahead of the rows
-// read (RowPrefetch). kRuns > 1: the keys come from kRuns runs, k_run and
-// v_run elements apart (KeyAt).
+// read (RowPrefetch). kRuns > 1: the keys come from kRuns runs, run_rows
+// rows apart (KeyAt).
 // Mods (NoDecodeMods's interface) changes block row r's scores of the tile
 // before the softmax (Scores) and its weights after it (Weights); may_hide()
 // says whether some key of the tile may be hidden from a row.
@@ -588,7 +594,7 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
                            int64_t prefetch_end, float* HWY_RESTRICT s,
                            float* HWY_RESTRICT m, float* HWY_RESTRICT l,
                            float* HWY_RESTRICT o, const Mods& mods = Mods(),
-                           int64_t k_run = 0, int64_t v_run = 0) {
+                           int64_t run_rows = 0) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const float neg_inf = -std::numeric_limits<float>::infinity();
   constexpr int64_t kElem = static_cast<int64_t>(sizeof(KvElem<kKv>));
@@ -596,7 +602,7 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
   // prefetches ahead; the groups after it read the tile again from cache.
   const RowPrefetch<kKv, kRuns> first(k, k_row * kElem, v, v_row * kElem,
                                       dv * kElem, prefetch_end,
-                                      kRuns > 1 ? k_run / k_row : 0);
+                                      run_rows);
   const RowPrefetch<kKv, kRuns> none;
   for (int64_t r0 = 0; r0 < rows; r0 += 4) {
     const RowPrefetch<kKv, kRuns>& pf = r0 == 0 ? first : none;
@@ -604,9 +610,9 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
     const float* qr = q + r0 * dk;
     float scale[4];  // per row: factor of the output so far (online softmax)
     if constexpr (kKv == 0) {
-      DecodeScoresRowsOutOfLine<kKv, kRuns>(d, n, qr, dk, k, k_row, k_run, nk, pf, s);
+      DecodeScoresRowsOutOfLine<kKv, kRuns>(d, n, qr, dk, k, k_row, run_rows, nk, pf, s);
     } else {
-      DecodeScoresRows<kKv, kRuns>(d, n, qr, dk, k, k_row, k_run, nk, pf, s);
+      DecodeScoresRows<kKv, kRuns>(d, n, qr, dk, k, k_row, run_rows, nk, pf, s);
     }
     // Online softmax per row (the recurrence of online_softmax-inl.h).
     for (int64_t t = 0; t < n; ++t) {
@@ -659,17 +665,17 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
     float* orows = o + r0 * dv;
     if (mods.may_hide()) {
       if constexpr (kKv == 0) {
-        DecodeValuesRowsOutOfLine<kKv, kRuns, true>(d, n, s, nk, v, v_row, v_run,
+        DecodeValuesRowsOutOfLine<kKv, kRuns, true>(d, n, s, nk, v, v_row, run_rows,
                                                     dv, pf, scale, orows);
       } else {
-        DecodeValuesRows<kKv, kRuns, true>(d, n, s, nk, v, v_row, v_run, dv, pf,
+        DecodeValuesRows<kKv, kRuns, true>(d, n, s, nk, v, v_row, run_rows, dv, pf,
                                            scale, orows);
       }
     } else if constexpr (kKv == 0) {
-      DecodeValuesRowsOutOfLine<kKv, kRuns, false>(d, n, s, nk, v, v_row, v_run,
+      DecodeValuesRowsOutOfLine<kKv, kRuns, false>(d, n, s, nk, v, v_row, run_rows,
                                                    dv, pf, scale, orows);
     } else {
-      DecodeValuesRows<kKv, kRuns, false>(d, n, s, nk, v, v_row, v_run, dv, pf,
+      DecodeValuesRows<kKv, kRuns, false>(d, n, s, nk, v, v_row, run_rows, dv, pf,
                                           scale, orows);
     }
   }
