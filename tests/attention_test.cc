@@ -170,20 +170,24 @@ void ExpectBlockSizeOfTarget(const Case& c, const RunInfo& info) {
   if (t == "SCALAR") lanes = 1;
   if (lanes == 0) return;
   // Blocks of 4 vectors over the G * Lq rows of each KV group; calls with at
-  // most 16 queries split more than 512 keys into chunks (lib/api.cc).
+  // most 16 queries split more than 512 keys into chunks of 512, 1024 or
+  // 2048 keys: the longest that leave at least 64 tasks (lib/api.cc).
   const int64_t group_rows = c.q_heads / c.kv_heads * c.q_len;
   // Halved, down to one vector, while a group fills at most half a block.
   int64_t rows = 4 * lanes;
   while (group_rows * 2 <= rows && rows / 2 >= lanes) rows /= 2;
+  const int64_t groups = c.batch * c.kv_heads * ((group_rows + rows - 1) / rows);
   int64_t chunks = 1;
   if (c.q_len <= 16 && c.kv_len > 512) {
+    int64_t chunk = 512;
+    while (chunk < 2048 && groups * ((c.kv_len + 2 * chunk - 1) / (2 * chunk)) >= 64) {
+      chunk *= 2;
+    }
     const int64_t min_chunk = (c.kv_len + 255) / 256;
-    const int64_t chunk = std::max<int64_t>(512, (min_chunk + 63) / 64 * 64);
+    chunk = std::max<int64_t>(chunk, (min_chunk + 63) / 64 * 64);
     chunks = (c.kv_len + chunk - 1) / chunk;
   }
-  EXPECT_EQ(info.num_tasks, c.batch * c.kv_heads *
-                                ((group_rows + rows - 1) / rows) * chunks)
-      << "target " << t;
+  EXPECT_EQ(info.num_tasks, groups * chunks) << "target " << t;
 }
 
 // Compares the fast path on every available target with the reference.
@@ -1860,6 +1864,45 @@ TEST(DecodeTest, SeveralQueriesOnTheDecodePath) {
         c.options.mask.shape[2] = c.q_len;
       }
       CheckAllTargets(c, MakeInputs(c, 4500 + n++));
+    }
+  }
+}
+
+// With enough KV groups the chunks grow to 1024 and 2048 keys (lib/api.cc
+// keeps at least 64 tasks): 16 groups (B2 Hkv8, G 2) x 5 chunks either way,
+// the last one short. Checked against the reference on every target (the
+// task count there confirms the chunk length) and for bit-identical output
+// with 1, 2 and 3 threads.
+TEST(DecodeTest, LongerChunksWithManyGroups) {
+  ThreePools pools;
+  int n = 0;
+  for (const int64_t kv_len : {5000, 9000}) {  // chunks of 1024 / 2048 keys
+    for (const DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
+      // Quick mode (qemu): 5000 with f32 and bf16, 9000 with f16.
+      const int idx = n++;
+      if (QuickMode() && idx % 2 == 1) continue;
+      Case c;
+      c.kv_dtype = kv;
+      c.bound = OutputBound(DType::kF32);  // exact widening, f32 math
+      c.batch = 2;
+      c.q_heads = 16;
+      c.kv_heads = 8;
+      c.q_len = 1;
+      c.kv_len = kv_len;
+      c.dk = 64;
+      c.dv = 64;
+      const Inputs in = MakeInputs(c, 4300 + idx);
+      CheckAllTargets(c, in);
+      for (const std::string& target : TestTargets()) {
+        SCOPED_TRACE(testing::Message() << target << " Lk " << kv_len << " K/V "
+                                        << DTypeName(kv));
+        const std::vector<Outputs> o = pools.Run(c, in, target);
+        EXPECT_EQ(o[0].info.num_tasks, 80);
+        EXPECT_EQ(o[0].o.bytes, o[1].o.bytes);
+        EXPECT_EQ(o[0].o.bytes, o[2].o.bytes);
+        EXPECT_EQ(o[0].lse, o[1].lse);
+        EXPECT_EQ(o[0].lse, o[2].lse);
+      }
     }
   }
 }
