@@ -213,6 +213,9 @@ int64_t BlockKeySpan(const AttentionArgsF32& a) {
 
 std::atomic<PackPolicy> g_pack_policy{PackPolicy::kAuto};
 
+// Bound of the runs that a split call's tasks go in (RunWave).
+constexpr int64_t kMaxShrinkingRuns = 256;
+
 struct PrefillJob {
   const AttentionArgsF32* args;
   const TargetKernels* kernels;
@@ -221,6 +224,10 @@ struct PrefillJob {
   int64_t num_tasks = 0;   // of the current wave
   int64_t run_tasks = 1;   // consecutive tasks per call of RunPrefillTask
   int64_t long_runs = 0;   // runs of run_tasks tasks; after them, runs of 1
+  // Split calls (see RunWave): when > 0, run r is tasks [run_first[r],
+  // run_first[r + 1]) instead.
+  int64_t shrinking_runs = 0;
+  int64_t run_first[kMaxShrinkingRuns + 1];
   std::atomic<bool> out_of_memory{false};
 };
 
@@ -233,14 +240,18 @@ float* TaskScratch(PrefillJob* job) {
 }
 
 // Runs the wave's tasks of run `run`, in order: [run * run_tasks,
-// (run + 1) * run_tasks) for the first long_runs runs, one task each after.
+// (run + 1) * run_tasks) for the first long_runs runs, one task each after
+// (or the shrinking runs' bounds).
 void RunPrefillTask(void* arg, int64_t run) {
   PrefillJob* job = static_cast<PrefillJob*>(arg);
   float* scratch = TaskScratch(job);
   if (scratch == nullptr) return;
   int64_t begin = run * job->run_tasks;
   int64_t end = std::min(job->num_tasks, begin + job->run_tasks);
-  if (run >= job->long_runs) {
+  if (job->shrinking_runs > 0) {
+    begin = job->run_first[run];
+    end = job->run_first[run + 1];
+  } else if (run >= job->long_runs) {
     begin = job->long_runs * job->run_tasks + (run - job->long_runs);
     end = begin + 1;
   }
@@ -253,12 +264,20 @@ void RunPrefillTask(void* arg, int64_t run) {
 // are its key chunks in order, and each tile prefetches the next one, even
 // past its chunk. Handed out one by one, consecutive chunks went to
 // alternate threads: every chunk started cold and ended prefetching a chunk
-// another thread then read. So they go in runs of consecutive tasks, about
-// kRunsPerThread runs per thread (the runs only decide which thread computes
-// a chunk, so results do not change). In one process, 2 threads, Lk 16384,
-// alternating the two (GB/s, two pairs each): f16 9.0 / 9.3 -> 9.3 / 10.1,
-// bf16 9.3 / 10.0 -> 9.6 / 10.3, f32 10.3 / 11.8 -> 12.0 / 12.4; 1 thread
-// the same within noise.
+// another thread then read. So they go in runs of consecutive tasks (the
+// runs only decide which thread computes a chunk, so results do not
+// change). In one process, 2 threads, Lk 16384, alternating with single
+// tasks (GB/s, two pairs each): f16 9.0 / 9.3 -> 9.3 / 10.1, bf16 9.3 /
+// 10.0 -> 9.6 / 10.3, f32 10.3 / 11.8 -> 12.0 / 12.4; 1 thread the same
+// within noise. The runs shrink: each takes 1 / (2 x threads) of the tasks
+// left, so the first are long (fewer stream restarts) and the last single
+// tasks (the threads end together). Against kRunsPerThread runs of equal
+// length per thread, in one process on the 2-core Zen 5 (B1 Hq32 Hkv8 D128,
+// K/V from memory, 2 threads, medians of 30 calls): Lk 4096 f32 +10%, f16
+// +4%, bf16 +4%; Lk 16384 (two processes) f32 +11% and +11%, f16 0% and
+// +4%, bf16 +10% and +2%; Lk 65536 f32 +3%, f16 +4%, bf16 +4%. With 1
+// thread both run the tasks in order. Past kMaxShrinkingRuns runs (many
+// threads), runs of equal length.
 // A prefill whose groups (one (batch, KV head) each) are many and have few
 // query blocks goes in runs of one group's blocks too: handed out one by
 // one, a group's blocks went to both threads, so both cores pulled the
@@ -276,7 +295,22 @@ void RunWave(const ExecutionOptions& exec, int64_t first, int64_t n, PrefillJob*
   job->first_task = first;
   job->num_tasks = n;
   job->run_tasks = 1;
+  job->shrinking_runs = 0;
   const int64_t threads = ExecutorThreads(exec);
+  if (a.num_chunks > 1) {
+    int64_t runs = 0;
+    int64_t next = 0;
+    while (next < n && runs < kMaxShrinkingRuns) {
+      job->run_first[runs++] = next;
+      next += (n - next + 2 * threads - 1) / (2 * threads);
+    }
+    if (next >= n) {
+      job->run_first[runs] = n;
+      job->shrinking_runs = runs;
+      RunTasks(exec, runs, &RunPrefillTask, job);
+      return;
+    }
+  }
   if (a.num_chunks > 1) {
     job->run_tasks = std::max<int64_t>(1, n / (threads * kRunsPerThread));
   } else if (a.num_blocks > 1 && n / a.num_blocks >= threads * kRunsPerThread) {

@@ -1907,8 +1907,8 @@ TEST(DecodeTest, LongerChunksWithManyGroups) {
   }
 }
 
-// 8 groups x 7 chunks of 512 keys: 56 tasks, which one thread takes in runs
-// of 3 (the last one short) and two or three threads one by one. Lq 2 runs
+// 8 groups x 7 chunks of 512 keys: 56 tasks, which the threads take in
+// runs that shrink from 28 (1 thread), 14 (2) or 10 (3) tasks to 1. Lq 2 runs
 // the tiled kernel on each chunk, Lq 1 the decode path (its own partials).
 TEST(DecodeTest, BitIdenticalForAnyThreadCount) {
   ThreePools pools;
