@@ -385,35 +385,48 @@ void* AllocHugePages(size_t bytes) {
   return p;
 }
 
-// Streaming read of 1 GiB, split evenly over the pool's threads. The buffer
-// is allocated on 2 MiB pages and touched once, outside the loop.
-void BenchReadBandwidth(benchmark::State& state, int threads) {
-  constexpr size_t kBytes = size_t{1} << 30;
+// The streaming read's buffer: 1 GiB on 2 MiB pages, touched once (null if
+// it cannot be had).
+constexpr size_t kReadBufferBytes = size_t{1} << 30;
+const float* ReadBuffer() {
   static float* buffer = [] {
-    void* p = AllocHugePages(kBytes);
-    if (p != nullptr) std::memset(p, 0, kBytes);
+    void* p = AllocHugePages(kReadBufferBytes);
+    if (p != nullptr) std::memset(p, 0, kReadBufferBytes);
     return static_cast<float*>(p);
   }();
+  return buffer;
+}
+
+// Reads the n floats at data, split evenly over the pool's `threads` threads
+// (at most 64).
+void StreamReadThreads(simdattn::ThreadPool& pool, int threads, const float* data,
+                       size_t n) {
+  struct Job {
+    const float* data;
+    size_t per_thread;
+    float sums[64];
+  } job{data, n / size_t(threads), {}};
+  pool.ParallelFor(threads, [](void* arg, int64_t i) {
+    Job* j = static_cast<Job*>(arg);
+    j->sums[i] = simdattn::bench::StreamRead(j->data + size_t(i) * j->per_thread,
+                                             j->per_thread);
+  }, &job);
+  benchmark::DoNotOptimize(job.sums);
+}
+
+// Streaming read of 1 GiB (ReadBuffer), split evenly over the pool's threads.
+void BenchReadBandwidth(benchmark::State& state, int threads) {
+  const float* buffer = ReadBuffer();
   if (buffer == nullptr) {
     state.SkipWithError("cannot allocate 1 GiB");
     return;
   }
   simdattn::ThreadPool pool(threads);
-  struct Job {
-    const float* data;
-    size_t per_thread;
-    float sums[64];
-  } job{buffer, kBytes / sizeof(float) / size_t(threads), {}};
   for (auto _ : state) {
-    pool.ParallelFor(threads, [](void* arg, int64_t i) {
-      Job* j = static_cast<Job*>(arg);
-      j->sums[i] = simdattn::bench::StreamRead(j->data + size_t(i) * j->per_thread,
-                                               j->per_thread);
-    }, &job);
-    benchmark::DoNotOptimize(job.sums);
+    StreamReadThreads(pool, threads, buffer, kReadBufferBytes / sizeof(float));
   }
   state.counters["bytes"] = benchmark::Counter(
-      double(kBytes) * double(state.iterations()), benchmark::Counter::kIsRate);
+      double(kReadBufferBytes) * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
 // Checks simdattn and oneDNN against the double-precision reference.
@@ -755,6 +768,89 @@ void BenchPairedDecode(benchmark::State& state, const Shape& s,
   TimePairs(state, [&] { return call(opts.a); }, [&] { return call(opts.b); });
 }
 
+// Decode of shape s (cold, as BenchDecodeSimdattn) against a streaming read
+// of as many bytes as its K and V (StreamReadThreads, the read roofline's
+// loop, over the next unread part of ReadBuffer, so that it is cold too),
+// with the same threads: A = simdattn, B = the read, so `ratio` is the
+// decode's bytes rate as a fraction of the read's, both measured side by
+// side. (roofline/read_bw and a decode entry run minutes apart, while the
+// read bandwidth of this VM moved by up to a third within minutes.)
+void BenchPairedDecodeRead(benchmark::State& state, const Shape& s, KvStore kv,
+                           int threads) {
+  DecodeCopies c = MakeDecodeCopies(s, kv, false);
+  const float* buffer = ReadBuffer();
+  const size_t n = size_t(c.kv_bytes) / sizeof(float);
+  if (buffer == nullptr || 2 * n > kReadBufferBytes / sizeof(float)) {
+    state.SkipWithError("no read buffer of twice the K/V bytes");
+    return;
+  }
+  simdattn::ThreadPool pool(threads);
+  simdattn::ExecutionOptions exec;
+  exec.pool = &pool;
+  const auto o = simdattn::MakeBHSD(c.o.data(), simdattn::DType::kF32, s.batch,
+                                    s.q_heads, s.q_len, s.head_dim);
+  size_t i = 0, offset = 0;
+  TimePairs(
+      state,
+      [&] {
+        const DecodeInputs in = SimdattnDecodeInputs(c, s, kv, i);
+        const simdattn::Status st = simdattn::Attention(in.q, in.k, in.v, o, {}, {}, exec);
+        i = (i + 1) % c.copies;
+        if (!st.ok()) state.SkipWithError(st.message.c_str());
+        return st.ok();
+      },
+      [&] {
+        StreamReadThreads(pool, threads, buffer + offset, n);
+        offset = offset + 2 * n <= kReadBufferBytes / sizeof(float) ? offset + n : 0;
+        return true;
+      });
+}
+
+// Decode of shape s (cold) against oneDNN's on the same copies, 1 thread: A
+// = simdattn (f32 Q, K/V as stored), B = oneDNN (f32, or bf16 Q and K/V), so
+// `ratio` is simdattn's speed-up. Each call takes the next copy in turn.
+void BenchPairedDecodeOneDnn(benchmark::State& state, const Shape& s, KvStore kv) {
+  const bool bf16 = kv == KvStore::kBF16;
+  DecodeCopies c = MakeDecodeCopies(s, kv, bf16);
+  auto ptrs = [&](size_t i, const void** q, const void** k, const void** v) {
+    *q = bf16 ? (const void*)c.q16[i].data() : c.q[i].data();
+    *k = bf16 ? (const void*)c.k16[i].data() : c.k32[i].data();
+    *v = bf16 ? (const void*)c.v16[i].data() : c.v32[i].data();
+  };
+  const void *q, *k, *v;
+  ptrs(0, &q, &k, &v);
+  std::vector<float> o_dnn(c.o.size());
+  simdattn::bench::OneDnnAttention attn(s.batch, s.q_heads, s.kv_heads, s.q_len,
+                                        s.kv_len, s.head_dim, false, bf16, q, k,
+                                        v, o_dnn.data());
+  if (!attn.error().empty()) {
+    state.SkipWithError(attn.error().c_str());
+    return;
+  }
+  simdattn::ThreadPool pool(1);
+  simdattn::ExecutionOptions exec;
+  exec.pool = &pool;
+  const auto o = simdattn::MakeBHSD(c.o.data(), simdattn::DType::kF32, s.batch,
+                                    s.q_heads, s.q_len, s.head_dim);
+  size_t i = 0;
+  TimePairs(
+      state,
+      [&] {
+        const DecodeInputs in = SimdattnDecodeInputs(c, s, kv, i);
+        const simdattn::Status st = simdattn::Attention(in.q, in.k, in.v, o, {}, {}, exec);
+        i = (i + 1) % c.copies;
+        if (!st.ok()) state.SkipWithError(st.message.c_str());
+        return st.ok();
+      },
+      [&] {
+        ptrs(i, &q, &k, &v);
+        attn.SetInputs(q, k, v);
+        attn.Run(1);
+        i = (i + 1) % c.copies;
+        return true;
+      });
+}
+
 // Keeps the median of each entry for the summary table.
 class SummaryReporter : public benchmark::ConsoleReporter {
  public:
@@ -851,7 +947,8 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     std::map<std::string, std::map<std::string, double>> paired;
     for (const auto& [name, ratio] : ratios_) {
       // paired/f32/<shape>/<mask>/<what>/threads:<n> or .../threads2_vs_threads1
-      if (name.rfind("paired/f32/", 0) != 0) continue;
+      // (prefill; decode entries go in their own table below)
+      if (name.rfind("paired/f32/", 0) != 0 || IsDecodeEntry(name)) continue;
       const size_t shape = std::string("paired/f32/").size();
       const size_t mask_end = name.find('/', name.find('/', shape) + 1);
       const std::string what = name.substr(mask_end + 1);
@@ -953,6 +1050,31 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       }
       std::printf("%-9s %-48s %9.1f %9s %9s\n", impl.c_str(),
                   name.substr(b + 1).c_str(), m.bytes * 1e-9, pct.c_str(), vs.c_str());
+    }
+    // The same two ratios from the paired/ entries (medians of call-by-call
+    // ratios): simdattn's bytes rate over a streaming read of the same bytes
+    // next to it, and over oneDNN's.
+    bool header = false;
+    for (const auto& [name, ratio] : ratios_) {
+      const std::string tag = "/none/read_vs_simdattn/threads:";
+      const size_t at = name.find(tag);
+      if (name.rfind("paired/", 0) != 0 || at == std::string::npos) continue;
+      if (!header) {
+        std::printf("\n%-58s %9s %9s\n", "decode, paired call by call", "of read",
+                    "vs oneDNN");
+        header = true;
+      }
+      const std::string threads = name.substr(at + tag.size());
+      const std::string what = name.substr(7, at - 7);  // <dtype>/<shape>
+      std::string vs;
+      auto dnn = ratios_.find("paired/" + what + "/none/onednn_vs_simdattn/threads:" + threads);
+      if (dnn != ratios_.end()) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%.2fx", dnn->second);
+        vs = buf;
+      }
+      std::printf("%-58s %8.0f%% %9s\n", (what + "/threads:" + threads).c_str(),
+                  100.0 * ratio, vs.c_str());
     }
     std::printf("\n");
     for (const auto& [name, m] : medians_) {
@@ -1182,6 +1304,26 @@ int main(int argc, char** argv) {
             (std::string("attention/onednn/") + DecodeDtypeName(kv, true) + t).c_str(),
             [s, kv, threads](benchmark::State& st) { BenchDecodeOneDnn(st, s, kv, threads); })
             ->UseRealTime()->Unit(benchmark::kMillisecond);
+      }
+    }
+    // The decode targets' two ratios, paired call by call (TimePairs): against
+    // a read of the same bytes (1 and 2 threads) and against oneDNN (1
+    // thread; with 2, oneDNN's OpenMP workers still spin after its call).
+    for (int threads : {1, 2}) {
+      const std::string t = "/" + s.Name() + "/none/";
+      const std::string n = "/threads:" + std::to_string(threads);
+      for (KvStore kv : {KvStore::kF32, KvStore::kF16, KvStore::kBF16}) {
+        benchmark::RegisterBenchmark(
+            (std::string("paired/") + DecodeDtypeName(kv, false) + t + "read_vs_simdattn" + n)
+                .c_str(),
+            [s, kv, threads](benchmark::State& st) { BenchPairedDecodeRead(st, s, kv, threads); })
+            ->UseRealTime()->MinTime(2.0)->Unit(benchmark::kMillisecond);
+        if (kv == KvStore::kF16 || threads != 1) continue;
+        benchmark::RegisterBenchmark(
+            (std::string("paired/") + DecodeDtypeName(kv, false) + t + "onednn_vs_simdattn" + n)
+                .c_str(),
+            [s, kv](benchmark::State& st) { BenchPairedDecodeOneDnn(st, s, kv); })
+            ->UseRealTime()->MinTime(2.0)->Unit(benchmark::kMillisecond);
       }
     }
   }
