@@ -598,32 +598,52 @@ void BenchDecodeSimdattn(benchmark::State& state, const Shape& s, KvStore kv,
   SetDecodeCounters(state, s, c.kv_bytes);
 }
 
+// oneDNN's decode pipeline on the copies of c (f32, or bf16 Q and K/V) into
+// o: Run(i, threads) computes copy i. Null, with the entry marked as an
+// error, if some primitive is not an optimized one.
+class OneDnnDecode {
+ public:
+  static std::unique_ptr<OneDnnDecode> Make(benchmark::State& state, const Shape& s,
+                                            const DecodeCopies& c, bool bf16, float* o) {
+    std::unique_ptr<OneDnnDecode> dnn(new OneDnnDecode(s, c, bf16, o));
+    if (!dnn->attn_.error().empty()) {
+      state.SkipWithError(dnn->attn_.error().c_str());
+      return nullptr;
+    }
+    return dnn;
+  }
+  void Run(size_t i, int threads) {
+    attn_.SetInputs(Q(i), K(i), V(i));
+    attn_.Run(threads);
+  }
+  std::string implementations() const { return attn_.implementations(); }
+
+ private:
+  OneDnnDecode(const Shape& s, const DecodeCopies& c, bool bf16, float* o)
+      : c_(c), bf16_(bf16),
+        attn_(s.batch, s.q_heads, s.kv_heads, s.q_len, s.kv_len, s.head_dim, false,
+              bf16, Q(0), K(0), V(0), o) {}
+  const void* Q(size_t i) const { return bf16_ ? (const void*)c_.q16[i].data() : c_.q[i].data(); }
+  const void* K(size_t i) const { return bf16_ ? (const void*)c_.k16[i].data() : c_.k32[i].data(); }
+  const void* V(size_t i) const { return bf16_ ? (const void*)c_.v16[i].data() : c_.v32[i].data(); }
+
+  const DecodeCopies& c_;
+  bool bf16_;
+  simdattn::bench::OneDnnAttention attn_;
+};
+
 void BenchDecodeOneDnn(benchmark::State& state, const Shape& s, KvStore kv,
                        int threads) {
   const bool bf16 = kv == KvStore::kBF16;
   DecodeCopies c = MakeDecodeCopies(s, kv, bf16);
-  auto ptrs = [&](size_t i, const void** q, const void** k, const void** v) {
-    *q = bf16 ? (const void*)c.q16[i].data() : c.q[i].data();
-    *k = bf16 ? (const void*)c.k16[i].data() : c.k32[i].data();
-    *v = bf16 ? (const void*)c.v16[i].data() : c.v32[i].data();
-  };
-  const void *q, *k, *v;
-  ptrs(0, &q, &k, &v);
-  simdattn::bench::OneDnnAttention attn(s.batch, s.q_heads, s.kv_heads, s.q_len,
-                                        s.kv_len, s.head_dim, false, bf16, q, k,
-                                        v, c.o.data());
-  if (!attn.error().empty()) {
-    state.SkipWithError(attn.error().c_str());
-    return;
-  }
+  const auto dnn = OneDnnDecode::Make(state, s, c, bf16, c.o.data());
+  if (dnn == nullptr) return;
   size_t i = 0;
   for (auto _ : state) {
-    ptrs(i, &q, &k, &v);
-    attn.SetInputs(q, k, v);
-    attn.Run(threads);
+    dnn->Run(i, threads);
     i = (i + 1) % c.copies;
   }
-  state.SetLabel(attn.implementations());
+  state.SetLabel(dnn->implementations());
   SetDecodeCounters(state, s, c.kv_bytes);
 }
 
@@ -746,6 +766,21 @@ void BenchPairedThreads(benchmark::State& state, const Shape& s, bool causal) {
       [&] { pool2.ParallelFor(pool2.num_threads(), [](void*, int64_t) {}, nullptr); });
 }
 
+// One simdattn decode call on copy *i of c (then *i moves to the next copy)
+// for the paired entries; false (and the entry marked as an error) if it
+// fails.
+bool DecodeCall(benchmark::State& state, DecodeCopies& c, const Shape& s,
+                KvStore kv, const simdattn::AttentionOptions& options,
+                const simdattn::ExecutionOptions& exec, size_t* i) {
+  const DecodeInputs in = SimdattnDecodeInputs(c, s, kv, *i);
+  const auto o = simdattn::MakeBHSD(c.o.data(), simdattn::DType::kF32, s.batch, s.q_heads,
+                                    s.q_len, s.head_dim);
+  const simdattn::Status st = simdattn::Attention(in.q, in.k, in.v, o, options, {}, exec);
+  *i = (*i + 1) % c.copies;
+  if (!st.ok()) state.SkipWithError(st.message.c_str());
+  return st.ok();
+}
+
 // Decode with an f16 KV cache (cold, as BenchDecodeSimdattn): A and B each
 // take the next copy in turn, 1 thread.
 void BenchPairedDecode(benchmark::State& state, const Shape& s,
@@ -755,17 +790,9 @@ void BenchPairedDecode(benchmark::State& state, const Shape& s,
   simdattn::ExecutionOptions exec;
   exec.pool = &pool;
   const OptionPair opts(s, a, b);
-  const auto o = simdattn::MakeBHSD(c.o.data(), simdattn::DType::kF32, s.batch,
-                                    s.q_heads, s.q_len, s.head_dim);
   size_t i = 0;
-  auto call = [&](const simdattn::AttentionOptions& opt) {
-    const DecodeInputs in = SimdattnDecodeInputs(c, s, KvStore::kF16, i);
-    const simdattn::Status st = simdattn::Attention(in.q, in.k, in.v, o, opt, {}, exec);
-    i = (i + 1) % c.copies;
-    if (!st.ok()) state.SkipWithError(st.message.c_str());
-    return st.ok();
-  };
-  TimePairs(state, [&] { return call(opts.a); }, [&] { return call(opts.b); });
+  TimePairs(state, [&] { return DecodeCall(state, c, s, KvStore::kF16, opts.a, exec, &i); },
+            [&] { return DecodeCall(state, c, s, KvStore::kF16, opts.b, exec, &i); });
 }
 
 // Decode of shape s (cold, as BenchDecodeSimdattn) against a streaming read
@@ -787,18 +814,10 @@ void BenchPairedDecodeRead(benchmark::State& state, const Shape& s, KvStore kv,
   simdattn::ThreadPool pool(threads);
   simdattn::ExecutionOptions exec;
   exec.pool = &pool;
-  const auto o = simdattn::MakeBHSD(c.o.data(), simdattn::DType::kF32, s.batch,
-                                    s.q_heads, s.q_len, s.head_dim);
   size_t i = 0, offset = 0;
   TimePairs(
       state,
-      [&] {
-        const DecodeInputs in = SimdattnDecodeInputs(c, s, kv, i);
-        const simdattn::Status st = simdattn::Attention(in.q, in.k, in.v, o, {}, {}, exec);
-        i = (i + 1) % c.copies;
-        if (!st.ok()) state.SkipWithError(st.message.c_str());
-        return st.ok();
-      },
+      [&] { return DecodeCall(state, c, s, kv, {}, exec, &i); },
       [&] {
         StreamReadThreads(pool, threads, buffer + offset, n);
         offset = offset + 2 * n <= kReadBufferBytes / sizeof(float) ? offset + n : 0;
@@ -812,40 +831,18 @@ void BenchPairedDecodeRead(benchmark::State& state, const Shape& s, KvStore kv,
 void BenchPairedDecodeOneDnn(benchmark::State& state, const Shape& s, KvStore kv) {
   const bool bf16 = kv == KvStore::kBF16;
   DecodeCopies c = MakeDecodeCopies(s, kv, bf16);
-  auto ptrs = [&](size_t i, const void** q, const void** k, const void** v) {
-    *q = bf16 ? (const void*)c.q16[i].data() : c.q[i].data();
-    *k = bf16 ? (const void*)c.k16[i].data() : c.k32[i].data();
-    *v = bf16 ? (const void*)c.v16[i].data() : c.v32[i].data();
-  };
-  const void *q, *k, *v;
-  ptrs(0, &q, &k, &v);
   std::vector<float> o_dnn(c.o.size());
-  simdattn::bench::OneDnnAttention attn(s.batch, s.q_heads, s.kv_heads, s.q_len,
-                                        s.kv_len, s.head_dim, false, bf16, q, k,
-                                        v, o_dnn.data());
-  if (!attn.error().empty()) {
-    state.SkipWithError(attn.error().c_str());
-    return;
-  }
+  const auto dnn = OneDnnDecode::Make(state, s, c, bf16, o_dnn.data());
+  if (dnn == nullptr) return;
   simdattn::ThreadPool pool(1);
   simdattn::ExecutionOptions exec;
   exec.pool = &pool;
-  const auto o = simdattn::MakeBHSD(c.o.data(), simdattn::DType::kF32, s.batch,
-                                    s.q_heads, s.q_len, s.head_dim);
   size_t i = 0;
   TimePairs(
       state,
+      [&] { return DecodeCall(state, c, s, kv, {}, exec, &i); },
       [&] {
-        const DecodeInputs in = SimdattnDecodeInputs(c, s, kv, i);
-        const simdattn::Status st = simdattn::Attention(in.q, in.k, in.v, o, {}, {}, exec);
-        i = (i + 1) % c.copies;
-        if (!st.ok()) state.SkipWithError(st.message.c_str());
-        return st.ok();
-      },
-      [&] {
-        ptrs(i, &q, &k, &v);
-        attn.SetInputs(q, k, v);
-        attn.Run(1);
+        dnn->Run(i, 1);
         i = (i + 1) % c.copies;
         return true;
       });
