@@ -1907,14 +1907,131 @@ TEST(DecodeTest, LongerChunksWithManyGroups) {
   }
 }
 
+// The fused decode path (lib/kernels/decode-inl.h, DecodeFused: 16-bit K/V,
+// Lq 1, 1-4 query heads per KV head, head dims of whole vectors on every
+// target but SVE and SCALAR, which keep the tiles): every group size, key
+// counts under one group of 4 and off the 4-key grid (the last keys take a
+// tile), split and unsplit calls, sinks (a finite maximum from the start),
+// both layouts.
+TEST(DecodeTest, FusedGroupsAgainstReference) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  float sinks[8] = {0.5f, 2.0f, -1.0f, neg_inf, 0.0f, 1.0f, 3.0f, -2.0f};
+  int n = 0;
+  for (const DType kv : {DType::kF16, DType::kBF16}) {
+    for (int64_t group : {1, 2, 3, 4}) {
+      for (int64_t lk : {1, 3, 6, 515, 2051}) {
+        const int idx = n++;
+        // Quick mode (qemu): a checkerboard over group size and key count.
+        if (QuickMode() && (group + idx) % 2 != 0) continue;
+        Case c;
+        c.kv_dtype = kv;
+        c.bound = OutputBound(DType::kF32);  // exact widening, f32 math
+        c.batch = 1;
+        c.q_heads = 2 * group;
+        c.kv_heads = 2;
+        c.q_len = 1;
+        c.kv_len = lk;
+        c.dk = 64;
+        c.dv = idx % 2 ? 64 : 128;
+        c.layout = idx % 2 ? Layout::kBSHD : Layout::kBHSD;
+        if (idx % 3 == 1) c.options.sinks = sinks;
+        CheckAllTargets(c, MakeInputs(c, 4400 + idx));
+      }
+    }
+  }
+}
+
+// Scores whose maximum keeps rising (the fused path's exact softmax step,
+// which rescales the outputs so far) and falling: key j's row is scaled by
+// a factor that grows with j for KV head 0 and shrinks for KV head 1, and
+// the scores reach tens.
+TEST(DecodeTest, FusedGroupsWithRisingMaxima) {
+  for (const DType kv : {DType::kF16, DType::kBF16}) {
+    Case c;
+    c.kv_dtype = kv;
+    c.bound = OutputBound(DType::kF32);
+    c.batch = 1;
+    c.q_heads = 8;
+    c.kv_heads = 2;
+    c.q_len = 1;
+    c.kv_len = 1203;
+    c.dk = 64;
+    c.dv = 64;
+    Inputs in = MakeInputs(c, 4500 + static_cast<int>(kv));
+    for (int64_t j = 0; j < c.kv_len; ++j) {
+      const float up = 1.0f + 8.0f * static_cast<float>(j) / c.kv_len;
+      const float down = 9.0f - 8.0f * static_cast<float>(j) / c.kv_len;
+      for (int64_t i = 0; i < c.dk; ++i) {
+        in.k.Set(0, 0, j, i, in.k.Get(0, 0, j, i) * up);
+        in.k.Set(0, 1, j, i, in.k.Get(0, 1, j, i) * down);
+      }
+    }
+    CheckAllTargets(c, in);
+  }
+}
+
+// NaN and infinite keys on the fused path: a NaN in a key makes every row
+// of its KV head NaN; +-Inf gives a row +Inf or -Inf scores by the sign of
+// its query: +Inf makes the row NaN (the reference's Inf - Inf), -Inf takes
+// the key's weight to 0. Every other output matches the reference.
+TEST(DecodeTest, FusedGroupsWithNonFiniteKeys) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const DType kv : {DType::kF16, DType::kBF16}) {
+    for (int which = 0; which < 3; ++which) {
+      Case c;
+      c.kv_dtype = kv;
+      c.batch = 1;
+      c.q_heads = 8;
+      c.kv_heads = 2;
+      c.q_len = 1;
+      c.kv_len = 1001;
+      c.dk = 64;
+      c.dv = 64;
+      Inputs in = MakeInputs(c, 4600 + which);
+      // Key 5 (the second group) and key 700 of KV head 0.
+      const float x = which == 0 ? std::numeric_limits<float>::quiet_NaN()
+                                 : (which == 1 ? inf : -inf);
+      in.k.Set(0, 0, 5, 3, x);
+      in.k.Set(0, 0, 700, 9, x);
+      std::vector<double> o_ref, lse_ref;
+      ASSERT_TRUE(ReferenceAttention(in.q.View(), in.k.View(), in.v.View(), c.options,
+                                     &o_ref, &lse_ref)
+                      .ok());
+      const double bound = OutputBound(DType::kF32) * std::max(1.0, MaxAbs(in.v));
+      int nan_rows = 0;
+      for (int64_t h = 0; h < 4; ++h) nan_rows += std::isnan(o_ref[h * c.dv]) ? 1 : 0;
+      // NaN: every row of KV head 0; +-Inf: the rows with an Inf - Inf.
+      if (which == 0) EXPECT_EQ(nan_rows, 4);
+      if (which == 1) EXPECT_GT(nan_rows, 0);
+      for (const std::string& target : TestTargets()) {
+        SCOPED_TRACE(testing::Message() << target << " " << DTypeName(kv) << " " << x);
+        const Outputs out = RunFast(c, in, target);
+        ASSERT_TRUE(out.status.ok()) << out.status.message;
+        size_t i = 0;
+        for (int64_t h = 0; h < c.q_heads; ++h) {
+          for (int64_t d = 0; d < c.dv; ++d, ++i) {
+            const float got = out.o.Get(0, h, 0, d);
+            if (std::isnan(o_ref[i])) {
+              EXPECT_TRUE(std::isnan(got)) << h << " " << d;
+            } else {
+              EXPECT_LE(std::fabs(got - o_ref[i]), bound) << h << " " << d;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // 8 groups x 7 chunks of 512 keys: 56 tasks, which the threads take in
 // runs that shrink from 28 (1 thread), 14 (2) or 10 (3) tasks to 1. Lq 2 runs
 // the tiled kernel on each chunk, Lq 1 the decode path (its own partials).
 TEST(DecodeTest, BitIdenticalForAnyThreadCount) {
   ThreePools pools;
   // On the decode path f32 K/V take tiles of 4 runs (DecodeTiles), bf16
-  // tiles of consecutive keys; the last chunk (428 keys) also leaves keys
-  // under a tile.
+  // the fused groups of 4 keys (tiles of consecutive keys on SVE and
+  // SCALAR); the last chunk (429 keys) also leaves keys under a tile and
+  // under a group.
   for (const DType kv : {DType::kBF16, DType::kF32}) {
     for (int64_t q_len : {2, 1}) {
       Case c;
@@ -1923,7 +2040,7 @@ TEST(DecodeTest, BitIdenticalForAnyThreadCount) {
       c.q_heads = 16;
       c.kv_heads = 8;
       c.q_len = q_len;
-      c.kv_len = 3500;
+      c.kv_len = 3501;
       c.dk = q_len == 2 ? 32 : 64;
       c.dv = c.dk;
       const Inputs in = MakeInputs(c, 4200 + q_len);

@@ -824,6 +824,26 @@ HWY_INLINE void DecodeTiles(const AttentionArgsF32& a, const KvRows& src,
     // row of each run and K and V stream as 4 sequences each. The rest of
     // the chunk (under a tile) follows as before. The split depends only on
     // the chunk, not on the thread count.
+#if SIMDATTN_HAVE_DECODE_FUSED
+    // 16-bit K/V widened in registers, one group of up to 4 rows (Lq 1),
+    // head dims of whole vectors: the fused groups of 4 keys (DecodeFused),
+    // then the keys left under a group as a tile.
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+    if (src.type != KvType::kF32 && in_registers && cuts == nullptr && rows <= 4 &&
+        dk % lanes == 0 && dv % lanes == 0 && dk <= kFusedMaxDk) {
+      const int64_t n4 = (kv_end - kv_start) / 4 * 4;
+      const uint16_t* k16 = reinterpret_cast<const uint16_t*>(src.k) + kv_start * ks;
+      const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.v) + kv_start * vs;
+      if (src.type == KvType::kF16) {
+        DecodeFusedRows<1>(d, rows, qrows, dk, k16, ks, v16, vs, dv, n4,
+                           a.kv_len - kv_start, m, l, orow);
+      } else {
+        DecodeFusedRows<2>(d, rows, qrows, dk, k16, ks, v16, vs, dv, n4,
+                           a.kv_len - kv_start, m, l, orow);
+      }
+      kv_first = kv_start + n4;
+    }
+#endif
     if (src.type == KvType::kF32 && cuts == nullptr) {
       constexpr int64_t kRun = kKeyTile / kDecodeRuns;
       const int64_t run = (kv_end - kv_start) / kKeyTile * kRun;

@@ -255,6 +255,7 @@ HWY_INLINE float KvToF32(KvElem<kKv> x) {
 // SVE keeps SumOfLanes (its fold over a scalable length is not static, and
 // it has a native add reduction). SCALAR has 1 lane.
 #undef SIMDATTN_DECODE_BLOCK_REDUCE
+#undef SIMDATTN_HAVE_DECODE_FUSED
 #if HWY_TARGET != HWY_SCALAR && \
     (HWY_TARGET & (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128)) == 0
 #define SIMDATTN_DECODE_BLOCK_REDUCE 1
@@ -274,9 +275,9 @@ HWY_INLINE auto FoldBlocks(D d, V v) {
   }
 }
 
-// Stores sum(a0), sum(a1), sum(a2), sum(a3) to out[0..3].
+// sum(a0), sum(a1), sum(a2), sum(a3) as a vector of 4 lanes.
 template <class D, class V>
-HWY_INLINE void StoreSums4(D d, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out) {
+HWY_INLINE auto Sums4(D d, V a0, V a1, V a2, V a3) {
   const hn::Repartition<uint64_t, D> d64;
   // [a0 (0+2), a1 (0+2), a0 (1+3), a1 (1+3)] per block, lanes 0..3.
   const V t01 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
@@ -284,10 +285,52 @@ HWY_INLINE void StoreSums4(D d, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out)
   const auto w01 = hn::BitCast(d64, t01), w23 = hn::BitCast(d64, t23);
   const V sums = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, w01, w23)),
                          hn::BitCast(d, hn::InterleaveUpper(d64, w01, w23)));
-  const auto folded = FoldBlocks(d, sums);
+  return FoldBlocks(d, sums);
+}
+
+// Stores sum(a0), sum(a1), sum(a2), sum(a3) to out[0..3].
+template <class D, class V>
+HWY_INLINE void StoreSums4(D d, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out) {
+  const auto folded = Sums4(d, a0, a1, a2, a3);
   hn::StoreU(folded, hn::DFromV<decltype(folded)>(), out);
 }
 #endif
+
+// The dot products of 4 keys (rows k0..k3) with rows [0, kRows) of q over
+// the head dimension's whole vectors, into accumulators aRC (row R, key C),
+// and the prefetches pf.K(j + C, ...) of the lines read. Shared by
+// DecodeScores and DecodeFused; SIMDATTN_Q_AT(R) is where row R's vector
+// at step i is.
+#define SIMDATTN_DOT_ROW(R)                                   \
+  if (R < kRows) {                                            \
+    auto y = hn::LoadU(d, SIMDATTN_Q_AT(R));                  \
+    InRegister(y);                                            \
+    a##R##0 = hn::MulAdd(y, x0, a##R##0);                     \
+    a##R##1 = hn::MulAdd(y, x1, a##R##1);                     \
+    a##R##2 = hn::MulAdd(y, x2, a##R##2);                     \
+    a##R##3 = hn::MulAdd(y, x3, a##R##3);                     \
+  }
+#define SIMDATTN_DOT_STEPS(j)                                              \
+  auto a00 = hn::Zero(d), a01 = a00, a02 = a00, a03 = a00;                 \
+  auto a10 = a00, a11 = a00, a12 = a00, a13 = a00;                         \
+  auto a20 = a00, a21 = a00, a22 = a00, a23 = a00;                         \
+  auto a30 = a00, a31 = a00, a32 = a00, a33 = a00;                         \
+  for (int64_t i = 0; i < dk_vec; i += N) {                                \
+    /* Each line once: a step reads N * kElem bytes of a row (a power of  \
+       two), half a line for 16-bit K on AVX-512. */                       \
+    if ((i * kElem) % 64 == 0) {                                           \
+      const int64_t bytes = std::max<int64_t>(64, N * kElem);              \
+      pf.K(j, i * kElem, bytes);                                           \
+      pf.K(j + 1, i * kElem, bytes);                                       \
+      pf.K(j + 2, i * kElem, bytes);                                       \
+      pf.K(j + 3, i * kElem, bytes);                                       \
+    }                                                                      \
+    auto x0 = LoadKv<kKv>(d, k0 + i), x1 = LoadKv<kKv>(d, k1 + i);         \
+    auto x2 = LoadKv<kKv>(d, k2 + i), x3 = LoadKv<kKv>(d, k3 + i);         \
+    InRegister(x0), InRegister(x1), InRegister(x2), InRegister(x3);        \
+    SIMDATTN_DOT_ROW(0) SIMDATTN_DOT_ROW(1) SIMDATTN_DOT_ROW(2)            \
+    SIMDATTN_DOT_ROW(3)                                                    \
+  }
 
 // Scores of up to 4 rows (kRows) against the tile's keys into s[r * nk + j].
 // `pf` prefetches K rows ahead of those read.
@@ -297,11 +340,10 @@ HWY_INLINE void StoreSums4(D d, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out)
 // it), but in this kernel reading each K row whole (the 4 Q vectors of a
 // step loaded again per key) cost 12% (f16, bf16, 1 thread, Lk 16384, one
 // process alternating), and reading V rows whole (2 rows per pass) 4-7%.
-template <int kRows, int kKv, int kRuns, class D>
+template <int kRows, int kKv, int kRuns, class D, class Prefetch>
 HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
                              const KvElem<kKv>* HWY_RESTRICT k, int64_t k_row,
-                             int64_t run_rows, int64_t nk,
-                             const RowPrefetch<kKv, kRuns>& pf,
+                             int64_t run_rows, int64_t nk, const Prefetch& pf,
                              float* HWY_RESTRICT s) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t dk_vec = dk / N * N;
@@ -312,36 +354,9 @@ HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
     const KvElem<kKv>* k1 = KeyAt<kRuns>(k, j + 1, k_row, run_rows);
     const KvElem<kKv>* k2 = KeyAt<kRuns>(k, j + 2, k_row, run_rows);
     const KvElem<kKv>* k3 = KeyAt<kRuns>(k, j + 3, k_row, run_rows);
-    auto a00 = hn::Zero(d), a01 = a00, a02 = a00, a03 = a00;
-    auto a10 = a00, a11 = a00, a12 = a00, a13 = a00;
-    auto a20 = a00, a21 = a00, a22 = a00, a23 = a00;
-    auto a30 = a00, a31 = a00, a32 = a00, a33 = a00;
-    for (int64_t i = 0; i < dk_vec; i += N) {
-      // Each line once: a step reads N * kElem bytes of a row (a power of
-      // two), half a line for 16-bit K on AVX-512.
-      if ((i * kElem) % 64 == 0) {
-        const int64_t bytes = std::max<int64_t>(64, N * kElem);
-        pf.K(j, i * kElem, bytes);
-        pf.K(j + 1, i * kElem, bytes);
-        pf.K(j + 2, i * kElem, bytes);
-        pf.K(j + 3, i * kElem, bytes);
-      }
-      auto x0 = LoadKv<kKv>(d, k0 + i), x1 = LoadKv<kKv>(d, k1 + i);
-      auto x2 = LoadKv<kKv>(d, k2 + i), x3 = LoadKv<kKv>(d, k3 + i);
-      InRegister(x0), InRegister(x1), InRegister(x2), InRegister(x3);
-#define SIMDATTN_DOT_ROW(R)                                   \
-  if (R < kRows) {                                            \
-    auto y = hn::LoadU(d, q + R * dk + i);                    \
-    InRegister(y);                                            \
-    a##R##0 = hn::MulAdd(y, x0, a##R##0);                     \
-    a##R##1 = hn::MulAdd(y, x1, a##R##1);                     \
-    a##R##2 = hn::MulAdd(y, x2, a##R##2);                     \
-    a##R##3 = hn::MulAdd(y, x3, a##R##3);                     \
-  }
-      SIMDATTN_DOT_ROW(0) SIMDATTN_DOT_ROW(1) SIMDATTN_DOT_ROW(2)
-      SIMDATTN_DOT_ROW(3)
-#undef SIMDATTN_DOT_ROW
-    }
+#define SIMDATTN_Q_AT(R) (q + R * dk + i)
+    SIMDATTN_DOT_STEPS(j)
+#undef SIMDATTN_Q_AT
 #if SIMDATTN_DECODE_BLOCK_REDUCE
 #define SIMDATTN_SUM_DOTS(R) \
   StoreSums4(d, a##R##0, a##R##1, a##R##2, a##R##3, s + R * nk + j);
@@ -698,6 +713,259 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
     }
   }
 }
+
+#if SIMDATTN_DECODE_BLOCK_REDUCE
+#define SIMDATTN_HAVE_DECODE_FUSED 1
+
+// The exact online-softmax step of rows [0, kRows) for a group of 4 keys
+// (scores s[r * 4 + c]) up to the weights, as DecodeTile's tile step with
+// nk = 4: the rows' new maxima into m and mrep (repeated per key), l and
+// the rows of o scaled by their factor, and the maxima to subtract into
+// msub (0 for a row that has seen only -inf). The fused loop's rare path:
+// the first group, a rising maximum, NaN or infinite scores.
+template <int kRows, class D>
+HWY_NOINLINE void FusedGroupMaxima(D d, const float* HWY_RESTRICT s, int64_t dv,
+                                   float* HWY_RESTRICT m, float* HWY_RESTRICT l,
+                                   float* HWY_RESTRICT o, float* HWY_RESTRICT mrep,
+                                   float* HWY_RESTRICT msub) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < kRows; ++r) {
+    const float* sr = s + r * 4;
+    float mx = neg_inf;
+    bool nan = false;
+    for (int64_t c = 0; c < 4; ++c) {
+      if (std::isnan(sr[c])) nan = true;
+      mx = std::max(mx, sr[c]);
+    }
+    const float m_old = m[r];
+    float m_new = std::max(m_old, mx);
+    if (nan || std::isnan(m_old)) m_new = std::numeric_limits<float>::quiet_NaN();
+    const float m_sub = m_new == neg_inf ? 0.0f : m_new;
+    for (int64_t c = 0; c < 4; ++c) {
+      mrep[r * 4 + c] = m_new;
+      msub[r * 4 + c] = m_sub;
+    }
+    m[r] = m_new;
+    if (m_new == m_old) continue;  // factor 1
+    const float alpha =
+        m_old == neg_inf ? 0.0f : (std::isnan(m_new) ? m_new : std::exp(m_old - m_sub));
+    l[r] *= alpha;
+    float* HWY_RESTRICT orow = o + r * dv;
+    const auto va = hn::Set(d, alpha);
+    int64_t e = 0;
+    for (; e + N <= dv; e += N) hn::StoreU(hn::Mul(va, hn::LoadU(d, orow + e)), d, orow + e);
+    for (; e < dv; ++e) orow[e] *= alpha;
+  }
+}
+
+// The prefetches of one group of 4 keys in DecodeFused: the same lines of
+// the 4 rows `ahead` rows further on, if they all exist.
+class GroupPrefetch {
+ public:
+  GroupPrefetch(const void* k, int64_t k_stride, const void* v, int64_t v_stride,
+                bool exist)
+      : k_(static_cast<const char*>(k)),
+        v_(static_cast<const char*>(v)),
+        k_stride_(k_stride),
+        v_stride_(v_stride),
+        exist_(exist) {}
+  // Lines [offset, offset + bytes) of K row c (0-3) of the group ahead.
+  HWY_INLINE void K(int64_t c, int64_t offset, int64_t bytes) const {
+    if (exist_) Lines(k_ + c * k_stride_ + offset, bytes);
+  }
+  HWY_INLINE void V(int64_t c, int64_t offset, int64_t bytes) const {
+    if (exist_) Lines(v_ + c * v_stride_ + offset, bytes);
+  }
+
+ private:
+  static HWY_INLINE void Lines(const char* p, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 0);
+  }
+  const char* k_;
+  const char* v_;
+  int64_t k_stride_, v_stride_;
+  bool exist_;
+};
+
+// Decode without score or weight options, rows [0, kRows) (kRows <= 4) over
+// nk keys (a multiple of 4) of 16-bit K/V, Dk and Dv whole vectors, fused:
+// each group of 4 keys gets its scores, its online-softmax step and its P·V
+// products before the next, so K and V are read side by side, a few rows
+// of each at a time, and no stretch of the loop goes without loads and
+// prefetches from memory (the tile path reads a tile's K, then works on
+// its scores alone, then reads its V twice, the second time from L1). o
+// stays in L1: each group loads, updates and stores the rows' outputs. The
+// 16 scores [row][key], the rows' maxima (repeated per key) and the sums of
+// the weights not yet in l stay in registers. While every score of a group
+// is at most its row's finite maximum, the weights are exp(s - m) and l
+// and o need no scaling (the factor would be exactly 1); otherwise
+// FusedGroupMaxima takes the exact step first.
+// Same contract for m, l, o and prefetch_end as DecodeTile.
+// DecodeFused's largest Dk (its packed Q is on the stack).
+constexpr int64_t kFusedMaxDk = 256;
+
+template <int kRows, int kKv, class D>
+HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
+                            const KvElem<kKv>* HWY_RESTRICT k, int64_t k_row,
+                            const KvElem<kKv>* HWY_RESTRICT v, int64_t v_row,
+                            int64_t dv, int64_t nk, int64_t prefetch_end,
+                            float* HWY_RESTRICT m, float* HWY_RESTRICT l,
+                            float* HWY_RESTRICT o) {
+  static_assert(kKv != 0 && kRows >= 1 && kRows <= 4, "16-bit K/V, 1-4 rows");
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t dk_vec = dk;  // whole vectors (the caller checks)
+  constexpr int64_t kElem = static_cast<int64_t>(sizeof(KvElem<kKv>));
+  // The group's 16 values [row][key] as kParts vectors of dc.
+  const hn::CappedTag<float, 16> dc;
+  using VC = hn::VFromD<decltype(dc)>;
+  constexpr size_t kLanes = hn::MaxLanes(dc);
+  constexpr size_t kParts = 16 / kLanes;
+  static_assert(kLanes >= 4 && kParts * kLanes == 16, "4, 8 or 16 lanes");
+  const hn::CappedTag<float, 4> d4;
+  // Rows ahead: about kPrefetchBytes of the longer row.
+  const int64_t ahead =
+      std::max<int64_t>(1, kPrefetchBytes / (std::max(dk, dv) * kElem));
+  // Q packed step by step ([dk / N][4][N]): one pointer for the 4 rows.
+  HWY_ALIGN float qp[4 * kFusedMaxDk];
+  for (int64_t i = 0; i < dk; i += N) {
+    for (int64_t r = 0; r < 4; ++r) {
+      const auto y = r < kRows ? hn::LoadU(d, q + r * dk + i) : hn::Zero(d);
+      hn::Store(y, d, qp + i * 4 + r * N);
+    }
+  }
+  HWY_ALIGN float buf[16] = {};   // scores (rare path), sums of weights
+  HWY_ALIGN float p[16];          // weights [row][key]
+  HWY_ALIGN float mrep[16] = {};  // maxima per [row][key] (0 past kRows)
+  HWY_ALIGN float msub[16] = {};  // the maxima to subtract
+  bool fast = true;  // every row's maximum is finite
+  for (int64_t r = 0; r < kRows; ++r) {
+    fast = fast && std::isfinite(m[r]);
+    for (int64_t c = 0; c < 4; ++c) mrep[r * 4 + c] = msub[r * 4 + c] = m[r];
+  }
+  VC vm[kParts], vsub[kParts], vl[kParts];
+  const auto load_maxima = [&]() {
+    for (size_t i = 0; i < kParts; ++i) {
+      vm[i] = hn::Load(dc, mrep + i * kLanes);
+      vsub[i] = hn::Load(dc, msub + i * kLanes);
+    }
+  };
+  const auto fold_sums = [&]() {  // the weights' sums into l
+    for (size_t i = 0; i < kParts; ++i) {
+      hn::Store(vl[i], dc, buf + i * kLanes);
+      vl[i] = hn::Zero(dc);
+    }
+    for (int64_t r = 0; r < kRows; ++r) {
+      l[r] += (buf[r * 4] + buf[r * 4 + 1]) + (buf[r * 4 + 2] + buf[r * 4 + 3]);
+    }
+  };
+  load_maxima();
+  for (size_t i = 0; i < kParts; ++i) vl[i] = hn::Zero(dc);
+  for (int64_t j = 0; j + 4 <= nk; j += 4) {
+    const GroupPrefetch pf(k + (j + ahead) * k_row, k_row * kElem, v + (j + ahead) * v_row,
+                           v_row * kElem, j + ahead + 4 <= prefetch_end);
+    const KvElem<kKv>* HWY_RESTRICT k0 = k + j * k_row;
+    const KvElem<kKv>* HWY_RESTRICT k1 = k0 + k_row;
+    const KvElem<kKv>* HWY_RESTRICT k2 = k1 + k_row;
+    const KvElem<kKv>* HWY_RESTRICT k3 = k2 + k_row;
+#define SIMDATTN_Q_AT(R) (qp + (i * 4 + R * N))
+    SIMDATTN_DOT_STEPS(0)
+#undef SIMDATTN_Q_AT
+    const auto z4 = hn::Zero(d4);
+    const auto s0 = Sums4(d, a00, a01, a02, a03);
+    const auto s1 = kRows > 1 ? Sums4(d, a10, a11, a12, a13) : z4;
+    const auto s2 = kRows > 2 ? Sums4(d, a20, a21, a22, a23) : z4;
+    const auto s3 = kRows > 3 ? Sums4(d, a30, a31, a32, a33) : z4;
+    VC sc[kParts];
+    if constexpr (kParts == 1) {
+      const hn::Half<decltype(dc)> d8;
+      sc[0] = hn::Combine(dc, hn::Combine(d8, s3, s2), hn::Combine(d8, s1, s0));
+    } else if constexpr (kParts == 2) {
+      sc[0] = hn::Combine(dc, s1, s0);
+      sc[1] = hn::Combine(dc, s3, s2);
+    } else {
+      sc[0] = s0, sc[1] = s1, sc[2] = s2, sc[3] = s3;
+    }
+    bool below = fast;
+    for (size_t i = 0; i < kParts; ++i) below = below && hn::AllTrue(dc, hn::Le(sc[i], vm[i]));
+    if (HWY_UNLIKELY(!below)) {
+      fold_sums();
+      for (size_t i = 0; i < kParts; ++i) hn::Store(sc[i], dc, buf + i * kLanes);
+      FusedGroupMaxima<kRows>(d, buf, dv, m, l, o, mrep, msub);
+      load_maxima();
+      fast = true;
+      for (int64_t r = 0; r < kRows; ++r) fast = fast && std::isfinite(m[r]);
+    }
+    for (size_t i = 0; i < kParts; ++i) {
+      const VC w = ExpNonPositive(dc, hn::Sub(sc[i], vsub[i]));
+      hn::Store(w, dc, p + i * kLanes);
+      vl[i] = hn::Add(vl[i], w);
+    }
+    // o[r] += sum_c p[r][c] * v_{j+c}, the 4 V rows read side by side.
+    const KvElem<kKv>* HWY_RESTRICT vj = v + j * v_row;
+#define SIMDATTN_FUSED_WEIGHTS(R)                                   \
+  auto w##R##0 = hn::Set(d, p[R * 4]), w##R##1 = hn::Set(d, p[R * 4 + 1]); \
+  auto w##R##2 = hn::Set(d, p[R * 4 + 2]), w##R##3 = hn::Set(d, p[R * 4 + 3]); \
+  InRegister(w##R##0), InRegister(w##R##1), InRegister(w##R##2), InRegister(w##R##3);
+    SIMDATTN_FUSED_WEIGHTS(0)
+    SIMDATTN_FUSED_WEIGHTS(1)
+    SIMDATTN_FUSED_WEIGHTS(2)
+    SIMDATTN_FUSED_WEIGHTS(3)
+#undef SIMDATTN_FUSED_WEIGHTS
+    for (int64_t e = 0; e < dv; e += N) {
+      if ((e * kElem) % 64 == 0) {
+        const int64_t bytes = std::max<int64_t>(64, N * kElem);
+        pf.V(0, e * kElem, bytes);
+        pf.V(1, e * kElem, bytes);
+        pf.V(2, e * kElem, bytes);
+        pf.V(3, e * kElem, bytes);
+      }
+      auto x0 = LoadKv<kKv>(d, vj + e), x1 = LoadKv<kKv>(d, vj + v_row + e);
+      auto x2 = LoadKv<kKv>(d, vj + 2 * v_row + e), x3 = LoadKv<kKv>(d, vj + 3 * v_row + e);
+      InRegister(x0), InRegister(x1), InRegister(x2), InRegister(x3);
+#define SIMDATTN_FUSED_PV(R)                                    \
+  if (R < kRows) {                                              \
+    float* HWY_RESTRICT orow = o + R * dv + e;                  \
+    auto acc = hn::LoadU(d, orow);                              \
+    acc = hn::MulAdd(w##R##0, x0, acc);                         \
+    acc = hn::MulAdd(w##R##1, x1, acc);                         \
+    acc = hn::MulAdd(w##R##2, x2, acc);                         \
+    acc = hn::MulAdd(w##R##3, x3, acc);                         \
+    hn::StoreU(acc, d, orow);                                   \
+  }
+      SIMDATTN_FUSED_PV(0) SIMDATTN_FUSED_PV(1) SIMDATTN_FUSED_PV(2) SIMDATTN_FUSED_PV(3)
+#undef SIMDATTN_FUSED_PV
+    }
+  }
+  fold_sums();
+}
+
+// DecodeFused for `rows` (1-4) rows.
+template <int kKv, class D>
+HWY_NOINLINE void DecodeFusedRows(D d, int64_t rows, const float* HWY_RESTRICT q,
+                                  int64_t dk, const KvElem<kKv>* HWY_RESTRICT k,
+                                  int64_t k_row, const KvElem<kKv>* HWY_RESTRICT v,
+                                  int64_t v_row, int64_t dv, int64_t nk,
+                                  int64_t prefetch_end, float* HWY_RESTRICT m,
+                                  float* HWY_RESTRICT l, float* HWY_RESTRICT o) {
+  switch (rows) {
+    case 4:
+      DecodeFused<4, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, prefetch_end, m, l, o);
+      break;
+    case 3:
+      DecodeFused<3, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, prefetch_end, m, l, o);
+      break;
+    case 2:
+      DecodeFused<2, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, prefetch_end, m, l, o);
+      break;
+    default:
+      DecodeFused<1, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, prefetch_end, m, l, o);
+      break;
+  }
+}
+#endif  // SIMDATTN_DECODE_BLOCK_REDUCE
+#undef SIMDATTN_DOT_STEPS
+#undef SIMDATTN_DOT_ROW
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
