@@ -35,6 +35,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 //        feeds 4 rows, each Q vector 4 keys): 16 accumulators.
 //   P·V: 4 rows x 4 vectors of the output stay in registers across the whole
 //        tile (16 accumulators); each V vector feeds the 4 rows.
+// 16-bit K/V with at most 4 rows take DecodeFused instead (end of this
+// file): the same Q·K steps, then for each group of 4 keys at once its
+// softmax step and its P·V products, with the output rows in L1.
 // Contract: q: rows of dk floats (pre-scaled), row g at q + g * dk; k, v:
 // nk rows (stored as KvElem<kKv>) with strides k_row, v_row; s: scratch of 4 * nk floats.
 // m, l, o (o row g at o + g * dv) carry the online softmax of
@@ -788,6 +791,9 @@ class GroupPrefetch {
   bool exist_;
 };
 
+// DecodeFused's largest Dk (its packed Q is on the stack).
+constexpr int64_t kFusedMaxDk = 256;
+
 // Decode without score or weight options, rows [0, kRows) (kRows <= 4) over
 // nk keys (a multiple of 4) of 16-bit K/V, Dk and Dv whole vectors, fused:
 // each group of 4 keys gets its scores, its online-softmax step and its P·V
@@ -802,8 +808,17 @@ class GroupPrefetch {
 // and o need no scaling (the factor would be exactly 1); otherwise
 // FusedGroupMaxima takes the exact step first.
 // Same contract for m, l, o and prefetch_end as DecodeTile.
-// DecodeFused's largest Dk (its packed Q is on the stack).
-constexpr int64_t kFusedMaxDk = 256;
+// On the Zen 5 (B1 Hq32 Hkv8 D128, K/V from memory on 2 MiB pages, one
+// process alternating call by call with the tile path, medians of 10-60
+// calls) it read f16 / bf16 K/V 6-24% faster with 1 and 2 threads at Lk
+// 4096-65536; from L2/L3 the tiles were about 25-40% faster, and in minutes
+// when they read fastest from memory (25-28 GB/s with 1 thread) the fused
+// loop was up to 11% slower. Tried against it, in the same way: f32 K/V fused
+// 7-14% slower than f32's 4 runs (so f32 keeps them); a group's keys from
+// 4 runs of the chunk, -3% to +3%; the scores of the next group computed
+// before this group's products (software-pipelined), -8% to +12% over 16
+// pairs; head dims as compile-time constants, loops blocked by cache line,
+// the output rows in a stack buffer: within 3%.
 
 template <int kRows, int kKv, class D>
 HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
