@@ -818,16 +818,10 @@ HWY_INLINE void DecodeTiles(const AttentionArgsF32& a, const KvRows& src,
   const int64_t ks = a.k_strides[2], vs = a.v_strides[2];
   int64_t kv_first = kv_start;
   if constexpr (!Mods::kActive) {
-    // f32 K/V without options (and without per-row cuts): whole tiles take
-    // their keys from kDecodeRuns runs that split those keys of the chunk
-    // evenly (KeyAt), so that the tile's 4-key dot-product groups read one
-    // row of each run and K and V stream as 4 sequences each. The rest of
-    // the chunk (under a tile) follows as before. The split depends only on
-    // the chunk, not on the thread count.
 #if SIMDATTN_HAVE_DECODE_FUSED
-    // 16-bit K/V widened in registers, one group of up to 4 rows (Lq 1),
-    // head dims of whole vectors: the fused groups of 4 keys (DecodeFused),
-    // then the keys left under a group as a tile.
+    // Without options: 16-bit K/V widened in registers, one group of up to
+    // 4 rows (Lq 1), head dims of whole vectors: the fused groups of 4 keys
+    // (DecodeFused), then the keys left under a group as a tile.
     const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
     if (src.type != KvType::kF32 && in_registers && cuts == nullptr && rows <= 4 &&
         dk % lanes == 0 && dv % lanes == 0 && dk <= kFusedMaxDk) {
@@ -844,6 +838,12 @@ HWY_INLINE void DecodeTiles(const AttentionArgsF32& a, const KvRows& src,
       kv_first = kv_start + n4;
     }
 #endif
+    // f32 K/V without options (and without per-row cuts): whole tiles take
+    // their keys from kDecodeRuns runs that split those keys of the chunk
+    // evenly (KeyAt), so that the tile's 4-key dot-product groups read one
+    // row of each run and K and V stream as 4 sequences each. The rest of
+    // the chunk (under a tile) follows as before. The split depends only on
+    // the chunk, not on the thread count.
     if (src.type == KvType::kF32 && cuts == nullptr) {
       constexpr int64_t kRun = kKeyTile / kDecodeRuns;
       const int64_t run = (kv_end - kv_start) / kKeyTile * kRun;
