@@ -810,7 +810,7 @@ constexpr int64_t kFusedMaxDk = 256;
 // Same contract for m, l, o and prefetch_end as DecodeTile.
 // On the Zen 5 (B1 Hq32 Hkv8 D128, K/V from memory on 2 MiB pages, one
 // process alternating call by call with the tile path, medians of 10-60
-// calls) it read f16 / bf16 K/V 6-24% faster with 1 and 2 threads at Lk
+// calls) it read f16 / bf16 K/V 5-24% faster with 1 and 2 threads at Lk
 // 4096-65536; from L2/L3 the tiles were about 25-40% faster, and in minutes
 // when they read fastest from memory (25-28 GB/s with 1 thread) the fused
 // loop was up to 11% slower. Tried against it, in the same way: f32 K/V fused
