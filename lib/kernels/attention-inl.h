@@ -829,11 +829,9 @@ HWY_INLINE void DecodeTiles(const AttentionArgsF32& a, const KvRows& src,
       const uint16_t* k16 = reinterpret_cast<const uint16_t*>(src.k) + kv_start * ks;
       const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.v) + kv_start * vs;
       if (src.type == KvType::kF16) {
-        DecodeFusedRows<1>(d, rows, qrows, dk, k16, ks, v16, vs, dv, n4,
-                           a.kv_len - kv_start, m, l, orow);
+        DecodeFusedRows<1>(d, rows, qrows, dk, k16, ks, v16, vs, dv, n4, m, l, orow);
       } else {
-        DecodeFusedRows<2>(d, rows, qrows, dk, k16, ks, v16, vs, dv, n4,
-                           a.kv_len - kv_start, m, l, orow);
+        DecodeFusedRows<2>(d, rows, qrows, dk, k16, ks, v16, vs, dv, n4, m, l, orow);
       }
       kv_first = kv_start + n4;
     }

@@ -75,7 +75,9 @@ HWY_INLINE hn::VFromD<D> LoadKv(D d, const KvElem<kKv>* HWY_RESTRICT p) {
 // row j + v_ahead (for the passes after it too). About kPrefetchBytes
 // ahead, past the tile and the chunk wherever the rows exist (the next task
 // streams on from there). Without software prefetch the hardware
-// prefetchers alone reached about a quarter of the streaming bandwidth.
+// prefetchers alone reached about a quarter of the streaming bandwidth on
+// this tile path (DecodeFused, which reads K and V side by side as two
+// sequential streams, reads faster without it).
 // It replaced spreading the next whole tile's lines over the current
 // tile's steps into L2 (hint T1), which was tuned on an Intel VM. On the
 // 2-core Zen 5 (1 thread, D128, 4 rows, Lk 16384 from memory on 2 MiB
@@ -318,6 +320,7 @@ HWY_INLINE void StoreSums4(D d, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out)
   auto a10 = a00, a11 = a00, a12 = a00, a13 = a00;                         \
   auto a20 = a00, a21 = a00, a22 = a00, a23 = a00;                         \
   auto a30 = a00, a31 = a00, a32 = a00, a33 = a00;                         \
+  SIMDATTN_DOT_UNROLL                                                      \
   for (int64_t i = 0; i < dk_vec; i += N) {                                \
     /* Each line once: a step reads N * kElem bytes of a row (a power of  \
        two), half a line for 16-bit K on AVX-512. */                       \
@@ -358,7 +361,9 @@ HWY_INLINE void DecodeScores(D d, const float* HWY_RESTRICT q, int64_t dk,
     const KvElem<kKv>* k2 = KeyAt<kRuns>(k, j + 2, k_row, run_rows);
     const KvElem<kKv>* k3 = KeyAt<kRuns>(k, j + 3, k_row, run_rows);
 #define SIMDATTN_Q_AT(R) (q + R * dk + i)
+#define SIMDATTN_DOT_UNROLL
     SIMDATTN_DOT_STEPS(j)
+#undef SIMDATTN_DOT_UNROLL
 #undef SIMDATTN_Q_AT
 #if SIMDATTN_DECODE_BLOCK_REDUCE
 #define SIMDATTN_SUM_DOTS(R) \
@@ -762,33 +767,10 @@ HWY_NOINLINE void FusedGroupMaxima(D d, const float* HWY_RESTRICT s, int64_t dv,
   }
 }
 
-// The prefetches of one group of 4 keys in DecodeFused: the same lines of
-// the 4 rows `ahead` rows further on, if they all exist.
-class GroupPrefetch {
- public:
-  GroupPrefetch(const void* k, int64_t k_stride, const void* v, int64_t v_stride,
-                bool exist)
-      : k_(static_cast<const char*>(k)),
-        v_(static_cast<const char*>(v)),
-        k_stride_(k_stride),
-        v_stride_(v_stride),
-        exist_(exist) {}
-  // Lines [offset, offset + bytes) of K row c (0-3) of the group ahead.
-  HWY_INLINE void K(int64_t c, int64_t offset, int64_t bytes) const {
-    if (exist_) Lines(k_ + c * k_stride_ + offset, bytes);
-  }
-  HWY_INLINE void V(int64_t c, int64_t offset, int64_t bytes) const {
-    if (exist_) Lines(v_ + c * v_stride_ + offset, bytes);
-  }
-
- private:
-  static HWY_INLINE void Lines(const char* p, int64_t bytes) {
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 0);
-  }
-  const char* k_;
-  const char* v_;
-  int64_t k_stride_, v_stride_;
-  bool exist_;
+// DecodeFused's stand-in for the prefetcher of the dot steps: DecodeFused
+// leaves K and V to the hardware prefetchers.
+struct NoPrefetch {
+  HWY_INLINE void K(int64_t, int64_t, int64_t) const {}
 };
 
 // DecodeFused's largest Dk (its packed Q is on the stack).
@@ -797,36 +779,48 @@ constexpr int64_t kFusedMaxDk = 256;
 // Decode without score or weight options, rows [0, kRows) (kRows <= 4) over
 // nk keys (a multiple of 4) of 16-bit K/V, Dk and Dv whole vectors, fused:
 // each group of 4 keys gets its scores, its online-softmax step and its P·V
-// products before the next, so K and V are read side by side, a few rows
-// of each at a time, and no stretch of the loop goes without loads and
-// prefetches from memory (the tile path reads a tile's K, then works on
-// its scores alone, then reads its V twice, the second time from L1). o
-// stays in L1: each group loads, updates and stores the rows' outputs. The
-// 16 scores [row][key], the rows' maxima (repeated per key) and the sums of
-// the weights not yet in l stay in registers. While every score of a group
-// is at most its row's finite maximum, the weights are exp(s - m) and l
-// and o need no scaling (the factor would be exactly 1); otherwise
-// FusedGroupMaxima takes the exact step first.
-// Same contract for m, l, o and prefetch_end as DecodeTile.
+// products, so K and V are read side by side, a few rows of each at a time
+// (the tile path reads a tile's K, then works on its scores alone, then
+// reads its V twice, the second time from L1). Software-pipelined: the next
+// group's dot products are issued before this group's P·V products, so its
+// K loads and its score reduction overlap them. o stays in L1: each group
+// loads, updates and stores the rows' outputs. The 16 scores [row][key],
+// the rows' maxima (repeated per key) and the sums of the weights not yet
+// in l stay in registers. While every score of a group is at most its
+// row's finite maximum, the weights are exp(s - m) and l and o need no
+// scaling (the factor would be exactly 1); otherwise FusedGroupMaxima
+// takes the exact step first. No software prefetch: K and V are two
+// sequential streams, which the hardware prefetchers follow.
+// Same contract for m, l and o as DecodeTile.
 // On the Zen 5 (B1 Hq32 Hkv8 D128, K/V from memory on 2 MiB pages, one
-// process alternating call by call with the tile path, medians of 10-60
-// calls) it read f16 / bf16 K/V 5-24% faster with 1 and 2 threads at Lk
-// 4096-65536; from L2/L3 the tiles were about 25-40% faster, and in minutes
-// when they read fastest from memory (25-28 GB/s with 1 thread) the fused
-// loop was up to 11% slower. Tried against it, in the same way: f32 K/V fused
-// 7-14% slower than f32's 4 runs (so f32 keeps them); a group's keys from
-// 4 runs of the chunk, -3% to +3%; the scores of the next group computed
-// before this group's products (software-pipelined), -8% to +12% over 16
-// pairs; head dims as compile-time constants, loops blocked by cache line,
-// the output rows in a stack buffer: within 3%.
+// process alternating call by call, medians of 10-60 calls):
+// - Against the tile path (the first version, with software prefetch like
+//   the tiles): 5-24% faster from memory with 1 and 2 threads at Lk
+//   4096-65536; from L2/L3 the tiles were about 25-40% faster.
+// - Tried against that first version: f32 K/V fused 7-14% slower than
+//   f32's 4 runs (so f32 keeps them); a group's keys from 4 runs of the
+//   chunk, -3% to +3%; loops blocked by cache line, the output rows in a
+//   stack buffer: within 3%.
+// - Its Q·K and P·V loops unrolled (`GCC unroll`; the runtime trip counts
+//   had kept loops with a prefetch branch per step): -2% to +25% from
+//   memory, 1 and 2 threads, Lk 4096-65536, in several minutes; head dims
+//   as compile-time constants on top of it: within 5% either way.
+// - Then, in minutes when a plain read loop streamed 15-17 GB/s with 1
+//   thread (f16, Lk 16384, 1 / 2 threads, each line one process): pipelined
+//   with the old prefetches (8 KiB ahead, NTA) 8.3 / 15.7 GB/s, unrolled
+//   without software prefetch 10.8 / 20.6, pipelined without it 17.0 /
+//   33.1; pipelined with NTA 8.3 / 14.6, with T0 13.3 / 26.2, without 17.0
+//   / 31.7. This version against the one before the unrolling, f16 and
+//   bf16, Lk 4096-65536: 16.4-19.6 / 27.9-31.9 GB/s against 5.6-8.7 /
+//   10.8-19.0. With K/V in L2 (compute alone) it runs about 28 GB/s per
+//   core, 10% faster than before.
 
 template <int kRows, int kKv, class D>
 HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
                             const KvElem<kKv>* HWY_RESTRICT k, int64_t k_row,
                             const KvElem<kKv>* HWY_RESTRICT v, int64_t v_row,
-                            int64_t dv, int64_t nk, int64_t prefetch_end,
-                            float* HWY_RESTRICT m, float* HWY_RESTRICT l,
-                            float* HWY_RESTRICT o) {
+                            int64_t dv, int64_t nk, float* HWY_RESTRICT m,
+                            float* HWY_RESTRICT l, float* HWY_RESTRICT o) {
   static_assert(kKv != 0 && kRows >= 1 && kRows <= 4, "16-bit K/V, 1-4 rows");
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t dk_vec = dk;  // whole vectors (the caller checks)
@@ -838,9 +832,6 @@ HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
   constexpr size_t kParts = 16 / kLanes;
   static_assert(kLanes >= 4 && kParts * kLanes == 16, "4, 8 or 16 lanes");
   const hn::CappedTag<float, 4> d4;
-  // Rows ahead: about kPrefetchBytes of the longer row.
-  const int64_t ahead =
-      std::max<int64_t>(1, kPrefetchBytes / (std::max(dk, dv) * kElem));
   // Q packed step by step ([dk / N][4][N]): one pointer for the 4 rows.
   HWY_ALIGN float qp[4 * kFusedMaxDk];
   for (int64_t i = 0; i < dk; i += N) {
@@ -876,31 +867,35 @@ HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
   };
   load_maxima();
   for (size_t i = 0; i < kParts; ++i) vl[i] = hn::Zero(dc);
-  for (int64_t j = 0; j + 4 <= nk; j += 4) {
-    const GroupPrefetch pf(k + (j + ahead) * k_row, k_row * kElem, v + (j + ahead) * v_row,
-                           v_row * kElem, j + ahead + 4 <= prefetch_end);
-    const KvElem<kKv>* HWY_RESTRICT k0 = k + j * k_row;
-    const KvElem<kKv>* HWY_RESTRICT k1 = k0 + k_row;
-    const KvElem<kKv>* HWY_RESTRICT k2 = k1 + k_row;
-    const KvElem<kKv>* HWY_RESTRICT k3 = k2 + k_row;
+  // The scores of the group at key J into SC (kParts vectors).
+#define SIMDATTN_FUSED_SCORES(J, SC)                                           \
+  {                                                                            \
+    const NoPrefetch pf;                                                       \
+    const KvElem<kKv>* HWY_RESTRICT k0 = k + (J) * k_row;                      \
+    const KvElem<kKv>* HWY_RESTRICT k1 = k0 + k_row;                           \
+    const KvElem<kKv>* HWY_RESTRICT k2 = k1 + k_row;                           \
+    const KvElem<kKv>* HWY_RESTRICT k3 = k2 + k_row;                           \
+    SIMDATTN_DOT_STEPS(0)                                                      \
+    const auto z4 = hn::Zero(d4);                                              \
+    const auto s0 = Sums4(d, a00, a01, a02, a03);                              \
+    const auto s1 = kRows > 1 ? Sums4(d, a10, a11, a12, a13) : z4;             \
+    const auto s2 = kRows > 2 ? Sums4(d, a20, a21, a22, a23) : z4;             \
+    const auto s3 = kRows > 3 ? Sums4(d, a30, a31, a32, a33) : z4;             \
+    if constexpr (kParts == 1) {                                               \
+      const hn::Half<decltype(dc)> d8;                                         \
+      SC[0] = hn::Combine(dc, hn::Combine(d8, s3, s2), hn::Combine(d8, s1, s0)); \
+    } else if constexpr (kParts == 2) {                                        \
+      SC[0] = hn::Combine(dc, s1, s0);                                         \
+      SC[1] = hn::Combine(dc, s3, s2);                                         \
+    } else {                                                                   \
+      SC[0] = s0, SC[1] = s1, SC[2] = s2, SC[3] = s3;                          \
+    }                                                                          \
+  }
 #define SIMDATTN_Q_AT(R) (qp + (i * 4 + R * N))
-    SIMDATTN_DOT_STEPS(0)
-#undef SIMDATTN_Q_AT
-    const auto z4 = hn::Zero(d4);
-    const auto s0 = Sums4(d, a00, a01, a02, a03);
-    const auto s1 = kRows > 1 ? Sums4(d, a10, a11, a12, a13) : z4;
-    const auto s2 = kRows > 2 ? Sums4(d, a20, a21, a22, a23) : z4;
-    const auto s3 = kRows > 3 ? Sums4(d, a30, a31, a32, a33) : z4;
-    VC sc[kParts];
-    if constexpr (kParts == 1) {
-      const hn::Half<decltype(dc)> d8;
-      sc[0] = hn::Combine(dc, hn::Combine(d8, s3, s2), hn::Combine(d8, s1, s0));
-    } else if constexpr (kParts == 2) {
-      sc[0] = hn::Combine(dc, s1, s0);
-      sc[1] = hn::Combine(dc, s3, s2);
-    } else {
-      sc[0] = s0, sc[1] = s1, sc[2] = s2, sc[3] = s3;
-    }
+#define SIMDATTN_DOT_UNROLL _Pragma("GCC unroll 16")
+  VC sc[kParts];
+  if (nk >= 4) SIMDATTN_FUSED_SCORES(0, sc)
+  for (int64_t j = 0; j + 4 <= nk; j += 4) {
     bool below = fast;
     for (size_t i = 0; i < kParts; ++i) below = below && hn::AllTrue(dc, hn::Le(sc[i], vm[i]));
     if (HWY_UNLIKELY(!below)) {
@@ -916,6 +911,14 @@ HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
       hn::Store(w, dc, p + i * kLanes);
       vl[i] = hn::Add(vl[i], w);
     }
+    // The next group's scores before this group's products, so that their
+    // reduction overlaps the products.
+    VC sn[kParts];
+    if (j + 8 <= nk) {
+      SIMDATTN_FUSED_SCORES(j + 4, sn)
+    } else {
+      for (size_t i = 0; i < kParts; ++i) sn[i] = sc[i];
+    }
     // o[r] += sum_c p[r][c] * v_{j+c}, the 4 V rows read side by side.
     const KvElem<kKv>* HWY_RESTRICT vj = v + j * v_row;
 #define SIMDATTN_FUSED_WEIGHTS(R)                                   \
@@ -927,14 +930,8 @@ HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
     SIMDATTN_FUSED_WEIGHTS(2)
     SIMDATTN_FUSED_WEIGHTS(3)
 #undef SIMDATTN_FUSED_WEIGHTS
+#pragma GCC unroll 16
     for (int64_t e = 0; e < dv; e += N) {
-      if ((e * kElem) % 64 == 0) {
-        const int64_t bytes = std::max<int64_t>(64, N * kElem);
-        pf.V(0, e * kElem, bytes);
-        pf.V(1, e * kElem, bytes);
-        pf.V(2, e * kElem, bytes);
-        pf.V(3, e * kElem, bytes);
-      }
       auto x0 = LoadKv<kKv>(d, vj + e), x1 = LoadKv<kKv>(d, vj + v_row + e);
       auto x2 = LoadKv<kKv>(d, vj + 2 * v_row + e), x3 = LoadKv<kKv>(d, vj + 3 * v_row + e);
       InRegister(x0), InRegister(x1), InRegister(x2), InRegister(x3);
@@ -951,7 +948,11 @@ HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
       SIMDATTN_FUSED_PV(0) SIMDATTN_FUSED_PV(1) SIMDATTN_FUSED_PV(2) SIMDATTN_FUSED_PV(3)
 #undef SIMDATTN_FUSED_PV
     }
+    for (size_t i = 0; i < kParts; ++i) sc[i] = sn[i];
   }
+#undef SIMDATTN_DOT_UNROLL
+#undef SIMDATTN_Q_AT
+#undef SIMDATTN_FUSED_SCORES
   fold_sums();
 }
 
@@ -961,20 +962,20 @@ HWY_NOINLINE void DecodeFusedRows(D d, int64_t rows, const float* HWY_RESTRICT q
                                   int64_t dk, const KvElem<kKv>* HWY_RESTRICT k,
                                   int64_t k_row, const KvElem<kKv>* HWY_RESTRICT v,
                                   int64_t v_row, int64_t dv, int64_t nk,
-                                  int64_t prefetch_end, float* HWY_RESTRICT m,
-                                  float* HWY_RESTRICT l, float* HWY_RESTRICT o) {
+                                  float* HWY_RESTRICT m, float* HWY_RESTRICT l,
+                                  float* HWY_RESTRICT o) {
   switch (rows) {
     case 4:
-      DecodeFused<4, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, prefetch_end, m, l, o);
+      DecodeFused<4, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, m, l, o);
       break;
     case 3:
-      DecodeFused<3, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, prefetch_end, m, l, o);
+      DecodeFused<3, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, m, l, o);
       break;
     case 2:
-      DecodeFused<2, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, prefetch_end, m, l, o);
+      DecodeFused<2, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, m, l, o);
       break;
     default:
-      DecodeFused<1, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, prefetch_end, m, l, o);
+      DecodeFused<1, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, m, l, o);
       break;
   }
 }
