@@ -282,14 +282,14 @@ inline int64_t FillRowTable(const AttentionArgsF32& a, int64_t block,
 
 // The K/V rows of one (batch, KV head) group in their storage type.
 struct KvRows {
-  KvType type;
+  Storage type;
   int64_t size;  // bytes per element
   const char* k;
   const char* v;
 
   KvRows(const AttentionArgsF32& a, int64_t b, int64_t hkv)
-      : type(static_cast<KvType>(a.kv_type)),
-        size(type == KvType::kF32 ? 4 : 2),
+      : type(static_cast<Storage>(a.kv_type)),
+        size(type == Storage::kF32 ? 4 : 2),
         k(static_cast<const char*>(a.k) +
           (b * a.k_strides[0] + hkv * a.k_strides[1]) * size),
         v(static_cast<const char*>(a.v) +
@@ -327,7 +327,7 @@ HWY_INLINE KvTile LoadKvTile(D d, const AttentionArgsF32& a, const KvRows& src,
                              int64_t kv_begin, int64_t nk,
                              float* HWY_RESTRICT ktile,
                              float* HWY_RESTRICT vtile) {
-  if (src.type == KvType::kF32) {
+  if (src.type == Storage::kF32) {
     return {reinterpret_cast<const float*>(src.k) + kv_begin * a.k_strides[2],
             reinterpret_cast<const float*>(src.v) + kv_begin * a.v_strides[2],
             a.k_strides[2], a.v_strides[2]};
@@ -389,7 +389,7 @@ template <class D>
 HWY_INLINE const float* RowF32(D d, const KvRows& src, const char* base,
                                int64_t stride, int64_t j, int64_t n,
                                float* HWY_RESTRICT tmp) {
-  if (src.type == KvType::kF32) {
+  if (src.type == Storage::kF32) {
     return reinterpret_cast<const float*>(base) + j * stride;
   }
   WidenRow(d, reinterpret_cast<const uint16_t*>(base) + j * stride, src.type, n, tmp);
@@ -627,7 +627,7 @@ HWY_INLINE void QueryRow(D d, const AttentionArgsF32& a, int64_t b,
     std::memcpy(dst, src, static_cast<size_t>(dk) * sizeof(float));
   } else {
     WidenRow(d, static_cast<const uint16_t*>(src),
-             a.q_type == 1 ? KvType::kF16 : KvType::kBF16, dk, dst);
+             a.q_type == 1 ? Storage::kF16 : Storage::kBF16, dk, dst);
   }
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const auto scale = hn::Set(d, a.scale);
@@ -814,7 +814,7 @@ HWY_INLINE void DecodeTiles(const AttentionArgsF32& a, const KvRows& src,
   const int64_t dv = a.head_dim_v;
   // f32 and bf16 K/V (and f16 where the target converts it in hardware) are
   // widened in registers as they are loaded; otherwise tile by tile.
-  const bool in_registers = src.type != KvType::kF16 || kKvF16InRegisters;
+  const bool in_registers = src.type != Storage::kF16 || kKvF16InRegisters;
   const int64_t ks = a.k_strides[2], vs = a.v_strides[2];
   int64_t kv_first = kv_start;
   if constexpr (!Mods::kActive) {
@@ -823,12 +823,12 @@ HWY_INLINE void DecodeTiles(const AttentionArgsF32& a, const KvRows& src,
     // 4 rows (Lq 1), head dims of whole vectors: the fused groups of 4 keys
     // (DecodeFused), then the keys left under a group as a tile.
     const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-    if (src.type != KvType::kF32 && in_registers && cuts == nullptr && rows <= 4 &&
+    if (src.type != Storage::kF32 && in_registers && cuts == nullptr && rows <= 4 &&
         dk % lanes == 0 && dv % lanes == 0 && dk <= kFusedMaxDk) {
       const int64_t n4 = (kv_end - kv_start) / 4 * 4;
       const uint16_t* k16 = reinterpret_cast<const uint16_t*>(src.k) + kv_start * ks;
       const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.v) + kv_start * vs;
-      if (src.type == KvType::kF16) {
+      if (src.type == Storage::kF16) {
         DecodeFusedRows<1>(d, rows, qrows, dk, k16, ks, v16, vs, dv, n4, m, l, orow);
       } else {
         DecodeFusedRows<2>(d, rows, qrows, dk, k16, ks, v16, vs, dv, n4, m, l, orow);
@@ -842,7 +842,7 @@ HWY_INLINE void DecodeTiles(const AttentionArgsF32& a, const KvRows& src,
     // row of each run and K and V stream as 4 sequences each. The rest of
     // the chunk (under a tile) follows as before. The split depends only on
     // the chunk, not on the thread count.
-    if (src.type == KvType::kF32 && cuts == nullptr) {
+    if (src.type == Storage::kF32 && cuts == nullptr) {
       constexpr int64_t kRun = kKeyTile / kDecodeRuns;
       const int64_t run = (kv_end - kv_start) / kKeyTile * kRun;
       for (int64_t t = 0; t < run; t += kRun) {
@@ -877,7 +877,7 @@ HWY_INLINE void DecodeTiles(const AttentionArgsF32& a, const KvRows& src,
                       s, m, l, orow, tile_mods);
         return;
       }
-      if (src.type == KvType::kF32) {
+      if (src.type == Storage::kF32) {
         const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, ktile, vtile);
         DecodeTile<0>(d, rows, qrows, dk, t.k, t.k_row, t.v, t.v_row, dv, nk,
                       prefetch_end, s, m, l, orow, tile_mods);
@@ -885,7 +885,7 @@ HWY_INLINE void DecodeTiles(const AttentionArgsF32& a, const KvRows& src,
       }
       const uint16_t* k16 = reinterpret_cast<const uint16_t*>(src.k) + kv_begin * ks;
       const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.v) + kv_begin * vs;
-      if (src.type == KvType::kF16) {
+      if (src.type == Storage::kF16) {
         DecodeTile<1>(d, rows, qrows, dk, k16, ks, v16, vs, dv, nk, prefetch_end,
                       s, m, l, orow, tile_mods);
       } else {
@@ -1152,7 +1152,7 @@ inline void AttentionTaskF32Impl(const AttentionArgsF32& a, int64_t task,
       if (may_hide && !Bf16ValuesFinite(a, src, kv_begin, nk)) {
         // Guarded f32 product on the widened tile (see TileGemm's kGuard).
         WidenRows(d, reinterpret_cast<const uint16_t*>(src.v) + kv_begin * a.v_strides[2],
-                  a.v_strides[2], KvType::kBF16, nk, dv, vtile);
+                  a.v_strides[2], Storage::kBF16, nk, dv, vtile);
         TileGemmRows<true, true>(d, cols, dv, vtile, 1, dv, st, mq, nk, scale,
                                  acc, mq);
         continue;

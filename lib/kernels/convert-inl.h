@@ -12,6 +12,7 @@
 
 #include "hwy/highway.h"
 #include "lib/dtype.h"
+#include "lib/kernels/types.h"
 
 // 1 where this target converts f16 <-> f32 in hardware (F16C on AVX2 and
 // AVX-512, NEON, SVE). Highway 1.0.3 emulates the conversion elsewhere and
@@ -29,9 +30,6 @@ HWY_BEFORE_NAMESPACE();
 namespace simdattn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-// Storage types of K/V as the kernels see them.
-enum class KvType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
 // The Lanes(d) f16 values at p widened exactly, in software: F16ToF32 of
 // lib/dtype.h (Inf and NaN kept, NaN payloads too) with integer vector ops,
@@ -71,11 +69,11 @@ HWY_INLINE hn::VFromD<D> LoadF16Soft(D d, const uint16_t* HWY_RESTRICT p) {
 // Highway 1.0.3's software path turns f16 Inf into 65536 and SEMANTICS.md
 // wants Inf and NaN kept on every target. bf16 -> f32 is a shift everywhere.
 template <class D>
-HWY_INLINE void WidenRow(D d, const uint16_t* HWY_RESTRICT src, KvType type,
+HWY_INLINE void WidenRow(D d, const uint16_t* HWY_RESTRICT src, Storage type,
                          int64_t n, float* HWY_RESTRICT dst) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   int64_t i = 0;
-  if (type == KvType::kBF16) {
+  if (type == Storage::kBF16) {
     const hn::Rebind<hwy::bfloat16_t, D> dbf;
     for (; i + N <= n; i += N) {
       hn::StoreU(hn::PromoteTo(d, hn::LoadU(dbf, reinterpret_cast<const hwy::bfloat16_t*>(src + i))),
@@ -100,7 +98,7 @@ HWY_INLINE void WidenRow(D d, const uint16_t* HWY_RESTRICT src, KvType type,
 // a dense [rows][cols] f32 buffer.
 template <class D>
 HWY_INLINE void WidenRows(D d, const uint16_t* src, int64_t src_stride,
-                          KvType type, int64_t rows, int64_t cols,
+                          Storage type, int64_t rows, int64_t cols,
                           float* HWY_RESTRICT dst) {
   for (int64_t r = 0; r < rows; ++r) {
     WidenRow(d, src + r * src_stride, type, cols, dst + r * cols);

@@ -43,7 +43,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 // m, l, o (o row g at o + g * dv) carry the online softmax of
 // online_softmax-inl.h across tiles (-inf max while nothing is seen).
 
-// K/V elements as stored: kKv 0 = f32, 1 = f16, 2 = bf16 (the KvType
+// K/V elements as stored: kKv 0 = f32, 1 = f16, 2 = bf16 (the Storage
 // codes), widened to f32 in registers as they are loaded. f16 is only used
 // this way where the target converts it in hardware (kKvF16InRegisters).
 template <int kKv>

@@ -197,7 +197,7 @@ HWY_INLINE const float* MaskRow(D d, const AttentionArgsF32& a,
   }
   if (a.mask_kind == 2) return static_cast<const float*>(a.mask) + at;
   if (a.mask_kind == 3) {
-    WidenRow(d, static_cast<const uint16_t*>(a.mask) + at, KvType::kF16, n, dst);
+    WidenRow(d, static_cast<const uint16_t*>(a.mask) + at, Storage::kF16, n, dst);
     return dst;
   }
   const hn::RebindToUnsigned<D> du;
