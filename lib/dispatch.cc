@@ -88,14 +88,10 @@ bool CpuHasAvx512Bf16() {
 #endif
 }
 
-// Whether vdpbf16ps beats the f32 FMAs of the widening path on this CPU.
-// On AMD Zen 5 it does twice the flops of the f32 FMAs (about 456 against
-// 227 GFLOP/s per core, as measured for the project's bf16 issue). On Intel
-// the opposite was measured: an Emerald Rapids core (Xeon, model 207) ran the
-// roofline/dot_bf16 loop at 79 GFLOP/s against 165 for roofline/fma_f32,
-// and bf16 prefill (B1 H8 L2048 D128, 1 thread) at 73 GFLOP/s natively
-// against 100 with the exact widening of AVX3_DL. So there it runs only
-// when named (SetMaxTarget / SIMDATTN_MAX_TARGET = AVX3_BF16).
+// Whether vdpbf16ps beats the f32 FMAs of the widening path on this CPU:
+// on AMD Zen 5 it does twice their flops; on an Intel Emerald Rapids core
+// half (roofline/dot_bf16 79 GFLOP/s against roofline/fma_f32 165), so on
+// Intel AVX3_BF16 runs only when named (SetMaxTarget / SIMDATTN_MAX_TARGET).
 bool CpuPrefersNativeBf16() {
 #if HWY_ARCH_X86
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;

@@ -17,13 +17,10 @@ namespace {
 
 // A worker waiting for the next call, and the caller waiting for the
 // workers to finish, spin this long before they block on the condition
-// variable. Waking a blocked thread took long on a 2-vCPU KVM guest: the
-// idle vCPU is halted, and the worker often joined a call only after the
-// caller had done most of it alone. In separate processes, alternating
-// (f32, 1 call after another): B1 H8 L512 D64 with 2 threads 3.07 / 2.70 ms
-// blocking -> 2.62 / 2.24 ms spinning (1 thread: 4.65 ms); decode, f16 K/V,
-// Lk 16384, 2 threads, 9.4-10.9 GB/s -> 14.7-18.6 GB/s. The spin ends after
-// this long, so an idle pool costs at most this much CPU per call and worker.
+// variable: waking a blocked thread takes long on a VM whose idle vCPU is
+// halted (decode, f16 K/V, Lk 16384, 2 threads: 9.4-10.9 GB/s blocking,
+// 14.7-18.6 spinning). An idle pool costs at most this much CPU per call
+// and worker.
 constexpr int64_t kSpinMicros = 100;
 
 // Spins (with a pause) until done() holds or about kSpinMicros have passed;

@@ -1,7 +1,7 @@
 // Scalar double-precision reference of docs/SEMANTICS.md. Written for
 // readability, not speed: one query row at a time, every rule spelled out.
 // (K and V are widened to double once per KV head, and each exp is taken
-// once: the tests run it under qemu, where it was most of their time.)
+// once: the tests run it under qemu, where it would dominate their time.)
 
 #include "lib/reference.h"
 

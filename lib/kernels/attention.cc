@@ -6,12 +6,28 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include "hwy/highway.h"
-#include "lib/kernels/attention-inl.h"
+#include "lib/kernels/combine-inl.h"
+#include "lib/kernels/prefill-inl.h"
 #include "lib/kernels/kernels.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace simdattn {
 namespace HWY_NAMESPACE {
+
+TargetCaps Caps() {
+  const hn::ScalableTag<float> d;
+  TargetCaps caps;
+  caps.lanes = static_cast<int64_t>(hn::Lanes(d));
+  caps.f16_in_registers = kKvF16InRegisters;
+#if SIMDATTN_HAVE_DECODE_FUSED
+  caps.fused_decode = true;
+  caps.fused_max_dk = kFusedMaxDk;
+#else
+  caps.fused_decode = false;
+  caps.fused_max_dk = 0;
+#endif
+  return caps;
+}
 
 int64_t QueryBlockRows() { return QueryBlockRowsImpl(); }
 
@@ -19,43 +35,36 @@ size_t ScratchFloats(int64_t head_dim_qk, int64_t head_dim_v) {
   return ScratchFloatsImpl(head_dim_qk, head_dim_v);
 }
 
-void AttentionTaskF32(const AttentionArgsF32& args, int64_t task,
-                      float* scratch) {
-  AttentionTaskF32Impl<false>(args, task, scratch);
+template <bool kNative>
+void AttentionTask(const AttentionArgs& args, const Plan& plan,
+                   const Wave& wave, int64_t task, float* scratch) {
+  AttentionTaskImpl<kNative>(args, plan, wave, task, scratch);
 }
 
-void CombineTaskF32(const AttentionArgsF32& args, int64_t task) {
-  CombineTaskF32Impl(args, task);
+void CombineTask(const AttentionArgs& args, const Plan& plan, const Wave& wave,
+                 int64_t task) {
+  CombineTaskImpl(args, plan, wave, task);
 }
 
-void PackKv(const AttentionArgsF32& args, int64_t group, float* dst,
-            float* scratch) {
-  PackKvImpl<false>(args, group, dst, scratch);
+template <bool kNative>
+void PackKvTask(const AttentionArgs& args, const Plan& plan, int64_t group,
+                float* dst, float* scratch) {
+  PackKv<kNative>(args, plan, group, dst, scratch);
 }
 
 const TargetKernels* GetTargetKernels() {
-  static const TargetKernels kKernels = {&QueryBlockRows, &ScratchFloats,
-                                         &AttentionTaskF32, &CombineTaskF32,
-                                         &PackKv};
+  static const TargetKernels kKernels = {
+      &Caps, &QueryBlockRows, &ScratchFloats, &AttentionTask<false>,
+      &CombineTask, &PackKvTask<false>};
   return &kKernels;
 }
 
 #if SIMDATTN_NATIVE_BF16
 // The AVX3_BF16 entry: AVX3's kernels with the native bf16 products.
-void AttentionTaskNativeBf16(const AttentionArgsF32& args, int64_t task,
-                             float* scratch) {
-  AttentionTaskF32Impl<true>(args, task, scratch);
-}
-
-void PackKvNativeBf16(const AttentionArgsF32& args, int64_t group, float* dst,
-                      float* scratch) {
-  PackKvImpl<true>(args, group, dst, scratch);
-}
-
 const TargetKernels* GetNativeBf16Kernels() {
-  static const TargetKernels kKernels = {&QueryBlockRows, &ScratchFloats,
-                                         &AttentionTaskNativeBf16,
-                                         &CombineTaskF32, &PackKvNativeBf16};
+  static const TargetKernels kKernels = {
+      &Caps, &QueryBlockRows, &ScratchFloats, &AttentionTask<true>,
+      &CombineTask, &PackKvTask<true>};
   return &kKernels;
 }
 #endif

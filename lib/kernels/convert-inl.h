@@ -34,14 +34,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 // The Lanes(d) f16 values at p widened exactly, in software: F16ToF32 of
 // lib/dtype.h (Inf and NaN kept, NaN payloads too) with integer vector ops,
 // for SSSE3 and SSE4, which have no hardware conversion (Highway 1.0.3's own
-// software path there turns f16 Inf into 65536). It replaced F16ToF32 one
-// element at a time. On the Zen 5 capped to each target (1 thread, f16 K/V,
-// the two builds' processes alternating): decode from L2 (B1 Hq8 Hkv2 Lk512
-// D128) SSE4 1.1-1.5 -> 3.1-4.0 GB/s, SSSE3 1.3-1.4 -> 2.6-3.1; decode from
-// memory (Hq32 Hkv8 Lk16384) SSE4 1.3 -> 2.4, SSSE3 1.3 -> 2.1; prefill
-// (B1 H8 L1024 D128) SSE4 23.4 -> 26.0-27.0 GFLOP/s, SSSE3 25.9-26.7 ->
-// 31.3-32.6. SCALAR keeps F16ToF32 (0.8-1.0 GB/s either way, decode from
-// L2; one lane gains nothing from it).
+// software path there turns f16 Inf into 65536): about 2x the speed of
+// F16ToF32 per element for decode from L2 on SSE4 (1.1-1.5 -> 3.1-4.0 GB/s,
+// f16 K/V, SIMDATTN_MAX_TARGET=SSE4). SCALAR keeps F16ToF32.
 template <class D>
 HWY_INLINE hn::VFromD<D> LoadF16Soft(D d, const uint16_t* HWY_RESTRICT p) {
   const hn::RebindToUnsigned<D> du;

@@ -22,9 +22,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 // (relative error 1.7e-7 evaluated in f32 with FMAs), evaluated as one
 // Horner chain, and 2^n is built in the exponent field. 12 operations on
 // x86 instead of the ~40 of hn::Exp, which matters because it runs once per
-// score: against the 14 of a degree-5 q and a two-step reduction (0.66 ulp),
-// f32 B4 H16 L256 D64 ran 1.015x faster, L512 D64 1.019x, L2048 D64 1.010x
-// (paired calls in one process, 1 thread, 40 pairs each).
+// score: 1.015x faster than a degree-5 q with a two-step reduction (f32
+// B4 H16 L256 D64, 1 thread).
 // exp(0) is exactly 1. Results below 2^-126 are +0.0 (so is exp(-inf):
 // hidden scores), never subnormal: x86 multiplies that make a subnormal take
 // a slow microcode path (rounding n to the nearest instead, results between

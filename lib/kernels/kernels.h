@@ -1,6 +1,6 @@
-// Interface between the target-independent driver (lib/api.cc) and the
-// per-target kernels (lib/kernels/*): plain data and function pointers, no
-// vector types, so it is the same for every Highway target.
+// Interface between the target-independent driver (lib/api.cc, lib/plan.cc,
+// lib/run.cc) and the per-target kernels (lib/kernels/*): plain data and
+// function pointers, no vector types, so it is the same for every target.
 
 #ifndef SIMDATTN_LIB_KERNELS_KERNELS_H_
 #define SIMDATTN_LIB_KERNELS_KERNELS_H_
@@ -8,29 +8,26 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "lib/kernels/types.h"
+
 namespace simdattn {
 
-// One validated f32 attention call as the fused kernel sees it. Strides are
-// in elements for the (batch, head, sequence) dimensions; the head dimension
-// is contiguous. lse may be null.
-struct AttentionArgsF32 {
+// One validated call, as the kernels see it; never changed while it runs.
+// Strides are in elements for the (batch, head, sequence) dimensions; the
+// head dimension is contiguous.
+struct AttentionArgs {
   int64_t batch, q_heads, kv_heads, group, q_len, kv_len;
   int64_t head_dim_qk, head_dim_v;
-  // Storage types (0 = f32, 1 = f16, 2 = bf16) of Q and O; math is f32.
-  int q_type;
-  int o_type;
+  Storage q_type, kv_type, o_type;  // K and V share one storage type
   const void* q;
   int64_t q_strides[3];
-  // K and V share one storage type: kv_type 0 = f32, 1 = f16, 2 = bf16
-  // (16-bit ones are widened to f32 tile by tile).
-  int kv_type;
   const void* k;
   int64_t k_strides[3];
   const void* v;
   int64_t v_strides[3];
   void* o;
   int64_t o_strides[3];
-  float* lse;
+  float* lse;  // null: no LSE
   int64_t lse_strides[3];
   float scale;
   bool causal;
@@ -44,77 +41,137 @@ struct AttentionArgsF32 {
   const float* sinks;          // [q_heads]
   float dropout_p;             // 0: off
   uint64_t dropout_seed;
-  // Explicit mask: kind 0 = none, 1 = bool (uint8, 0 hides), 2 = additive
-  // f32, 3 = additive f16; strides in elements, 0 on broadcast dimensions.
-  int mask_kind;
+  MaskKind mask_kind;
   const void* mask;
-  int64_t mask_strides[4];
-  // Work split, set by the driver. The rows of one (batch, KV head) group are
-  // its group * q_len queries, head-major (query head hkv * group + r / q_len,
-  // query r % q_len); they go in blocks of block_rows
-  // (TargetKernels::query_block_rows). Each block sees the keys in num_chunks
-  // chunks of chunk_keys (1 chunk of all keys unless split): a split call
-  // writes partial results to `partials` and combine_f32 merges them.
+  int64_t mask_strides[4];     // 0 on broadcast dimensions
+};
+
+// The kernel a call's tasks run (RunInfo::path).
+enum class KernelPath : int {
+  kTiled,        // queries along the lanes, K/V tiles (prefill)
+  kDecode,       // head dims along the lanes, every option (few queries)
+  kDecodeFused,  // kDecode's fused 16-bit loop: no options, whole vectors
+};
+
+// How a call is split into tasks (lib/plan.cc, MakePlan). The rows of one
+// group (batch b, KV head hkv) are its group * q_len queries, head-major:
+// row g is query g % q_len of head hkv * group + g / q_len. They go in
+// num_blocks blocks of block_rows; each block sees the keys in num_chunks
+// chunks of chunk_keys. A task is one (group, block, chunk); with several
+// chunks, each task writes a partial result and combine tasks merge them.
+// Nothing here depends on the thread count, so results do not either.
+struct Plan {
+  KernelPath path;
   int64_t block_rows;
-  int64_t num_blocks;   // per group
-  int64_t num_chunks;   // per block
+  int64_t num_blocks;  // per group
+  int64_t num_chunks;  // per block
   int64_t chunk_keys;
-  float* partials;      // PartialFloats() floats when num_chunks > 1
-  // Lq = 1: the head-dim-vectorized decode micro-path (decode-inl.h, every
-  // option included) instead of the queries-along-lanes tiles.
-  bool decode_path;
-  // Packed K/V (prefill with several blocks per group): when not null, the
-  // driver has run pack_kv for groups [packed_first_group, ...) and group g
-  // of them is at packed + (g - packed_first_group) * PackedGroupFloats();
-  // the tiles then read it instead of K/V's storage. Null: tile by tile from
-  // storage.
-  float* packed;
-  int64_t packed_first_group;
-  // Write O with non-temporal (streaming) stores where a whole cache line
-  // of f32 goes at once: set by the driver for outputs of at least
-  // kStreamOutputBytes, which leave L2 long before anyone reads them.
+  // f32 O written with streaming stores where a whole cache line goes at
+  // once (outputs of at least kStreamOutputBytes).
   bool stream_output;
+  // K/V of each group packed once (pack_kv) for the tiles to read.
+  bool pack_kv;
+  int64_t groups;  // batch * kv_heads
+};
+
+// Buffers of one wave of tasks (lib/run.cc): the partial results of a
+// split call, and the packed K/V of groups [packed_first_group, ...).
+struct Wave {
+  float* partials = nullptr;
+  float* packed = nullptr;  // null: tiles read K/V from storage
+  int64_t packed_first_group = 0;
 };
 
 // f32 O tensors of at least this many bytes are written with streaming
-// stores (AttentionArgsF32::stream_output): each line is then written whole
-// without first being read from memory. 4 MiB is more than the L2 of a
-// current server core (1-2 MiB), so such an O would not stay there anyway.
-// On an AVX-512 Xeon VM (2 MiB L2), paired in one process, 1 thread: B4 H16
-// L256 D64 (4 MiB of O) 1.024x, B1 H8 L2048 D128 (8 MiB) 1.025x; 2 threads
-// B4 H16 L256 D64 1.021x.
+// stores: more than a server core's L2 (1-2 MiB), so O would leave it before
+// anyone reads it. B1 H8 L2048 D128 f32 (8 MiB of O), 1 thread: 1.025x.
 constexpr int64_t kStreamOutputBytes = int64_t{4} << 20;
 
-// Packed K/V of one (batch, KV head) group: K's kv_len x Dk floats, then
-// V's kv_len x Dv, each region rounded up to 64 floats (256 bytes).
-inline int64_t PackedKFloats(const AttentionArgsF32& a) {
+// Vectors of queries in a full query block (TargetKernels::query_block_rows
+// is this many vectors). The register tile covers two of them at a time; the
+// decode path takes blocks of at most two.
+constexpr int64_t kQueryBlockVectors = 4;
+
+// Split (decode) calls keep at most this many key chunks per block.
+constexpr int64_t kMaxSplitChunks = 256;
+
+// Task `task` as (group, block, chunk). Tasks of one group are consecutive
+// (its K/V stay in cache), heaviest block first (the last one when causal),
+// so a dynamic scheduler ends on light tasks.
+struct TaskIndex {
+  int64_t group, block, chunk;
+};
+inline TaskIndex TaskAt(const Plan& plan, int64_t task) {
+  const int64_t per_group = plan.num_blocks * plan.num_chunks;
+  return {task / per_group,
+          plan.num_blocks - 1 - (task % per_group) / plan.num_chunks,
+          task % plan.num_chunks};
+}
+inline int64_t TaskOf(const Plan& plan, const TaskIndex& t) {
+  return (t.group * plan.num_blocks + (plan.num_blocks - 1 - t.block)) *
+             plan.num_chunks + t.chunk;
+}
+inline int64_t CombineTaskCount(const Plan& plan) {
+  return plan.groups * plan.num_blocks;
+}
+inline int64_t AttentionTaskCount(const Plan& plan) {
+  return CombineTaskCount(plan) * plan.num_chunks;
+}
+
+// A split call's partial result of one task: m and l of each row
+// (block_rows each), then its unnormalized O: O^T [Dv][block_rows] from the
+// tiled kernel, rows [rows][Dv] from the decode path.
+inline int64_t PartialSlotFloats(const Plan& plan, int64_t head_dim_v) {
+  return plan.block_rows * (head_dim_v + 2);
+}
+inline int64_t PartialFloats(const Plan& plan, int64_t head_dim_v) {
+  return AttentionTaskCount(plan) * PartialSlotFloats(plan, head_dim_v);
+}
+inline float* PartialSlot(const Plan& plan, const Wave& wave,
+                          int64_t head_dim_v, int64_t task) {
+  return wave.partials + task * PartialSlotFloats(plan, head_dim_v);
+}
+
+// Packed K/V of one group: K's kv_len x Dk floats, then V's kv_len x Dv,
+// each region rounded up to 64 floats (256 bytes).
+inline int64_t PackedKFloats(const AttentionArgs& a) {
   return (a.kv_len * a.head_dim_qk + 63) / 64 * 64;
 }
-inline int64_t PackedGroupFloats(const AttentionArgsF32& a) {
+inline int64_t PackedGroupFloats(const AttentionArgs& a) {
   return PackedKFloats(a) + (a.kv_len * a.head_dim_v + 63) / 64 * 64;
 }
+
+// What a target's kernels can do, for the plan.
+struct TargetCaps {
+  int64_t lanes;          // f32 lanes of a full vector
+  bool fused_decode;      // compiled with the fused 16-bit decode loop
+  bool f16_in_registers;  // widens f16 in registers (hardware conversion)
+  int64_t fused_max_dk;   // largest Dk the fused loop takes
+};
 
 // What one target offers. Every function is sequential: the driver splits
 // work into tasks and hands them to threads.
 struct TargetKernels {
+  TargetCaps (*caps)();
   // Query rows one prefill task covers (a multiple of the vector length).
   int64_t (*query_block_rows)();
   // Floats of per-thread scratch one task needs (aligned by the callee).
   size_t (*scratch_floats)(int64_t head_dim_qk, int64_t head_dim_v);
-  // Computes task `task` of AttentionTaskCount(): one block of rows against
-  // one chunk of keys. Unsplit, it writes the block's rows of O (and LSE);
-  // split, its partial (m, l, unnormalized O) in args.partials. scratch holds
-  // scratch_floats() floats, 256-byte aligned.
-  void (*attention_f32)(const AttentionArgsF32& args, int64_t task,
-                        float* scratch);
+  // Computes task `task` of AttentionTaskCount(plan): one block of rows
+  // against one chunk of keys. Unsplit, it writes the block's rows of O (and
+  // LSE); split, its PartialSlot. scratch holds scratch_floats() floats,
+  // 256-byte aligned.
+  void (*attention)(const AttentionArgs& args, const Plan& plan,
+                    const Wave& wave, int64_t task, float* scratch);
   // Split calls only: merges the chunks of block `task` (of
   // CombineTaskCount()) exactly through their log-sum-exp and writes O/LSE.
-  void (*combine_f32)(const AttentionArgsF32& args, int64_t task);
+  void (*combine)(const AttentionArgs& args, const Plan& plan,
+                  const Wave& wave, int64_t task);
   // Packs the K/V of group `group` (b * kv_heads + hkv) into `dst`
   // (PackedGroupFloats() floats, 256-byte aligned) in the layout the tiles
-  // read when args.packed is set. scratch as for attention_f32.
-  void (*pack_kv)(const AttentionArgsF32& args, int64_t group, float* dst,
-                  float* scratch);
+  // read when Wave::packed is set. scratch as for attention.
+  void (*pack_kv)(const AttentionArgs& args, const Plan& plan, int64_t group,
+                  float* dst, float* scratch);
 };
 
 // Kernels compiled for the Highway target `target_bit` (one bit of
@@ -135,26 +192,6 @@ const TargetKernels* KernelsForTarget(int64_t target_bit);
 // AVX3_BF16 entry of the dispatch table), or null if not compiled in. The
 // caller checks that the CPU has AVX512_BF16.
 const TargetKernels* NativeBf16Kernels();
-
-// Split (decode) calls keep at most this many key chunks per block.
-constexpr int64_t kMaxSplitChunks = 256;
-
-// Vectors of queries in a full query block (TargetKernels::query_block_rows
-// is this many vectors). The register tile covers two of them at a time; the
-// decode micro-path takes blocks of at most two.
-constexpr int64_t kQueryBlockVectors = 4;
-
-inline int64_t CombineTaskCount(const AttentionArgsF32& a) {
-  return a.batch * a.kv_heads * a.num_blocks;
-}
-inline int64_t AttentionTaskCount(const AttentionArgsF32& a) {
-  return CombineTaskCount(a) * a.num_chunks;
-}
-// Floats of the partial results of a split call: per task, m and l of each
-// row and its unnormalized O^T ([head_dim_v][block_rows]).
-inline int64_t PartialFloats(const AttentionArgsF32& a) {
-  return AttentionTaskCount(a) * a.block_rows * (a.head_dim_v + 2);
-}
 
 }  // namespace simdattn
 

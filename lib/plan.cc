@@ -1,0 +1,222 @@
+// Planning a call (see plan.h): the kernels' arguments, the choice of kernel
+// path, the blocks of query rows, the key chunks of split calls and whether
+// K/V are packed.
+
+#include "lib/plan.h"
+
+#include <algorithm>
+#include <atomic>
+
+namespace simdattn {
+namespace {
+
+// Calls with at most this many queries per head split the keys into
+// chunks (flash-decoding), so that every thread streams even when
+// B x Hkv is small.
+constexpr int64_t kDecodeMaxQueries = 16;
+// Lq > 1 takes the decode path (rows along the head dims) up to this many
+// rows per group, the tiled kernel (rows along the lanes) beyond: it wins
+// where a group fills a vector poorly. f16 K/V, 1 thread, AVX-512: 8 rows
+// 3.8 -> 7.8 GB/s, 32 rows 2.7 -> 2.3 (decode against tiled, Hq32 Lk16384).
+constexpr int64_t kDecodeMaxRows = 16;
+// Keys per chunk: kDecodeChunkKeys, doubled up to kDecodeMaxChunkKeys while
+// the call keeps at least kDecodeMinTasks tasks (a few per thread on 16-32
+// threads). 2048 against 512 keys: -2% to +11% (decode entries, Lk 4096 to
+// 65536, 1 and 2 threads).
+constexpr int64_t kDecodeChunkKeys = 512;
+constexpr int64_t kDecodeMaxChunkKeys = 2048;
+constexpr int64_t kDecodeMinTasks = 64;
+// f32 K/V that one query block reads below this size stay in L2 while the
+// group's blocks run and are read in place as fast as a packed copy; 16-bit
+// K/V are always packed (widened once per group instead of once per block).
+constexpr int64_t kPackMinF32BlockBytes = int64_t{1} << 20;
+
+std::atomic<PackPolicy> g_pack_policy{PackPolicy::kAuto};
+
+void CopyStrides3(const int64_t* strides, int64_t* out) {
+  out[0] = strides[0];
+  out[1] = strides[1];
+  out[2] = strides[2];
+}
+
+Storage StorageOf(DType t) {
+  return t == DType::kF32 ? Storage::kF32
+         : t == DType::kF16 ? Storage::kF16
+                            : Storage::kBF16;
+}
+
+MaskKind MaskKindOf(const Problem& p, DType t) {
+  if (!p.has_mask) return MaskKind::kNone;
+  return t == DType::kBool  ? MaskKind::kBool
+         : t == DType::kF32 ? MaskKind::kAddF32
+                            : MaskKind::kAddF16;
+}
+
+// Keys one query block can see: all of them, or a window's span.
+int64_t BlockKeySpan(const AttentionArgs& a, int64_t block_rows) {
+  const int64_t right = a.causal ? 0 : a.window_right;
+  if (a.window_left < 0 || right < 0) return a.kv_len;
+  return std::min(a.kv_len, a.window_left + right + block_rows);
+}
+
+bool HasOptions(const AttentionArgs& a) {
+  return a.mask_kind != MaskKind::kNone || a.softcap > 0.0f ||
+         a.alibi_slopes != nullptr || a.dropout_p > 0.0f;
+}
+
+// The decode path's fused 16-bit loop (decode-inl.h, DecodeFused) takes a
+// group of up to 4 rows of one query each (or rows whose key ranges agree)
+// without options, K/V widened in registers and head dims of whole vectors.
+bool FusedDecode(const AttentionArgs& a, const TargetCaps& caps) {
+  const bool row_cuts = a.q_len > 1 && (a.causal || a.window_right >= 0 ||
+                                        a.window_left >= 0);
+  const bool in_registers = a.kv_type == Storage::kBF16 ||
+                            (a.kv_type == Storage::kF16 && caps.f16_in_registers);
+  return caps.fused_decode && in_registers && !HasOptions(a) && !row_cuts &&
+         a.group * a.q_len <= 4 && a.head_dim_qk % caps.lanes == 0 &&
+         a.head_dim_v % caps.lanes == 0 && a.head_dim_qk <= caps.fused_max_dk;
+}
+
+// Key chunks of a call with few queries: kDecodeChunkKeys doubled while
+// the call keeps kDecodeMinTasks tasks, at most kMaxSplitChunks chunks.
+void SplitKeys(const AttentionArgs& a, Plan* plan) {
+  plan->num_chunks = 1;
+  plan->chunk_keys = a.kv_len;
+  if (a.q_len > kDecodeMaxQueries || a.kv_len <= kDecodeChunkKeys) return;
+  // (groups <= the rows of Q, so the product does not overflow.)
+  const int64_t groups = plan->groups * plan->num_blocks;
+  int64_t chunk = kDecodeChunkKeys;
+  while (chunk < kDecodeMaxChunkKeys) {
+    const int64_t longer = (a.kv_len + 2 * chunk - 1) / (2 * chunk);
+    if (groups < kDecodeMinTasks && longer < (kDecodeMinTasks + groups - 1) / groups) break;
+    chunk *= 2;
+  }
+  const int64_t min_chunk = (a.kv_len + kMaxSplitChunks - 1) / kMaxSplitChunks;
+  plan->chunk_keys = std::max(chunk, (min_chunk + 63) / 64 * 64);
+  plan->num_chunks = (a.kv_len + plan->chunk_keys - 1) / plan->chunk_keys;
+}
+
+bool PackKv(const AttentionArgs& a, const Plan& plan) {
+  const PackPolicy policy = g_pack_policy.load(std::memory_order_relaxed);
+  const int64_t group_bytes = PackedGroupFloats(a) * int64_t{sizeof(float)};
+  const bool worth_it =
+      policy == PackPolicy::kAlways ||
+      (policy == PackPolicy::kAuto &&
+       (a.kv_type != Storage::kF32 ||
+        BlockKeySpan(a, plan.block_rows) * (a.head_dim_qk + a.head_dim_v) *
+                int64_t{sizeof(float)} >= kPackMinF32BlockBytes));
+  return plan.path == KernelPath::kTiled && plan.num_blocks >= 2 && worth_it &&
+         group_bytes > 0 && group_bytes <= kPackedGroupMaxBytes;
+}
+
+}  // namespace
+
+void SetPackPolicy(PackPolicy policy) {
+  g_pack_policy.store(policy, std::memory_order_relaxed);
+}
+
+AttentionArgs MakeArgs(const Problem& p, const TensorView& q,
+                       const TensorView& k, const TensorView& v,
+                       const MutableTensorView& o,
+                       const AttentionOptions& options,
+                       const MutableTensorView& lse) {
+  AttentionArgs a;
+  a.batch = p.batch;
+  a.q_heads = p.q_heads;
+  a.kv_heads = p.kv_heads;
+  a.group = p.group;
+  a.q_len = p.q_len;
+  a.kv_len = p.kv_len;
+  a.head_dim_qk = p.head_dim_qk;
+  a.head_dim_v = p.head_dim_v;
+  a.q_type = StorageOf(q.dtype);
+  a.kv_type = StorageOf(k.dtype);
+  a.o_type = StorageOf(o.dtype);
+  a.q = q.data;
+  CopyStrides3(q.strides, a.q_strides);
+  a.k = k.data;
+  CopyStrides3(k.strides, a.k_strides);
+  a.v = v.data;
+  CopyStrides3(v.strides, a.v_strides);
+  a.o = o.data;
+  CopyStrides3(o.strides, a.o_strides);
+  a.lse = static_cast<float*>(lse.data);
+  CopyStrides3(lse.strides, a.lse_strides);
+  a.scale = p.scale;
+  a.causal = options.causal;
+  a.bottom_right = options.alignment == Alignment::kBottomRight;
+  a.kv_lengths = options.kv_lengths;
+  // A window wider than both lengths cuts nothing: treat it as unbounded,
+  // which also keeps the kernel's index arithmetic far from overflow.
+  const int64_t span = p.q_len + p.kv_len;
+  a.window_left = options.window_left > span ? -1 : options.window_left;
+  a.window_right = options.window_right > span ? -1 : options.window_right;
+  a.softcap = options.softcap;
+  a.alibi_slopes = options.alibi_slopes;
+  a.sinks = options.sinks;
+  a.dropout_p = options.dropout_p;
+  a.dropout_seed = options.dropout_seed;
+  a.mask_kind = MaskKindOf(p, options.mask.dtype);
+  a.mask = p.has_mask ? options.mask.data : nullptr;
+  for (int i = 0; i < 4; ++i) a.mask_strides[i] = p.mask_strides[i];
+  return a;
+}
+
+Plan MakePlan(const AttentionArgs& a, const TargetCaps& caps) {
+  Plan plan;
+  plan.groups = a.batch * a.kv_heads;
+  // Blocks of kQueryBlockVectors vectors of queries; a group with at most
+  // half a block of rows (decode) takes half as many vectors, down to one:
+  // the others would only compute padding.
+  const int64_t group_rows = a.group * a.q_len;
+  plan.block_rows = kQueryBlockVectors * caps.lanes;
+  while (group_rows * 2 <= plan.block_rows && plan.block_rows / 2 >= caps.lanes) {
+    plan.block_rows /= 2;
+  }
+  plan.num_blocks = (group_rows + plan.block_rows - 1) / plan.block_rows;
+  // The decode path (every option runs on it): Lq = 1, or a few queries per
+  // head (speculative decoding) while the group has at most kDecodeMaxRows
+  // rows; all of a group's rows in one block of at most two vectors.
+  const bool decode = group_rows <= plan.block_rows &&
+                      plan.block_rows <= 2 * caps.lanes &&
+                      (a.q_len == 1 || group_rows <= kDecodeMaxRows);
+  plan.path = !decode                ? KernelPath::kTiled
+              : FusedDecode(a, caps) ? KernelPath::kDecodeFused
+                                     : KernelPath::kDecode;
+  SplitKeys(a, &plan);
+  const double o_bytes = 4.0 * static_cast<double>(a.batch) *
+                         static_cast<double>(a.q_heads) *
+                         static_cast<double>(a.q_len) *
+                         static_cast<double>(a.head_dim_v);
+  plan.stream_output = a.o_type == Storage::kF32 &&
+                       o_bytes >= static_cast<double>(kStreamOutputBytes);
+  plan.pack_kv = PackKv(a, plan);
+  return plan;
+}
+
+Status PlanCall(const TensorView& q, const TensorView& k, const TensorView& v,
+                const MutableTensorView& o, const AttentionOptions& options,
+                const MutableTensorView& lse, const TargetCaps& caps,
+                Plan* plan) {
+  Problem p;
+  Status s = ValidateInputs(q, k, v, options, &p);
+  if (!s.ok()) return s;
+  s = ValidateOutputs(p, q, k, v, options, o, lse);
+  if (!s.ok()) return s;
+  *plan = MakePlan(MakeArgs(p, q, k, v, o, options, lse), caps);
+  return Status::Ok();
+}
+
+const char* KernelPathName(KernelPath path) {
+  switch (path) {
+    case KernelPath::kTiled:
+      return "tiled";
+    case KernelPath::kDecode:
+      return "decode";
+    case KernelPath::kDecodeFused:
+      return "fused decode";
+  }
+  return "unknown";
+}
+
+}  // namespace simdattn
