@@ -45,9 +45,9 @@ namespace HWY_NAMESPACE {
 #if SIMDATTN_NATIVE_BF16
 
 // AVX3's features plus AVX512_BF16, for the functions below only.
-#define SIMDATTN_BF16_TARGET                                                 \
-  __attribute__((target("avx2,bmi,bmi2,fma,f16c,avx512f,avx512vl,avx512dq," \
-                        "avx512bw,avx512bf16")))
+// clang-format off
+#define SIMDATTN_BF16_TARGET __attribute__((target("avx2,bmi,bmi2,fma,f16c,avx512f,avx512vl,avx512dq,avx512bw,avx512bf16")))
+// clang-format on
 
 // Where the broadcast operand's rows are (u32 pairs): rows [0, full) in
 // groups of kTileRows, group k at first + k * group with row r's pair p at

@@ -51,6 +51,54 @@ constexpr int kTileCols = 2;
 // key whose weight underflowed to +0.0 in f32 is skipped too; it adds 0
 // either way unless its V is Inf/NaN. Dropped keys carry -0.0 and are
 // multiplied.)
+// Register-tile row R of TileGemm: its accumulators c0, c1 (vectors 0 and 1
+// of the row) loaded and rescaled, updated by one reduction step, stored.
+// Rows at or past kRows do nothing, so TileGemm spells out all 8.
+template <int R, int kRows, int kCols, class D, class V>
+HWY_INLINE void LoadTileRow(D d, const float* HWY_RESTRICT out, int64_t out_row,
+                            const float* HWY_RESTRICT scale, V& c0, V& c1) {
+  if constexpr (R < kRows) {
+    const size_t N = hn::Lanes(d);
+    c0 = hn::Load(d, out + R * out_row);
+    if (kCols > 1) c1 = hn::Load(d, out + R * out_row + N);
+    if (scale != nullptr) {
+      c0 = hn::Mul(c0, hn::Load(d, scale));
+      if (kCols > 1) c1 = hn::Mul(c1, hn::Load(d, scale + N));
+    }
+  }
+}
+
+template <int R, int kRows, int kCols, class D, class V>
+HWY_INLINE void FmaTileRow(D d, const float* HWY_RESTRICT bt, int64_t b_row,
+                           V x0, V x1, V& c0, V& c1) {
+  if constexpr (R < kRows) {
+    const V y = hn::Set(d, bt[R * b_row]);
+    c0 = hn::MulAdd(y, x0, c0);
+    if (kCols > 1) c1 = hn::MulAdd(y, x1, c1);
+  }
+}
+
+// FmaTileRow where lanes of hide0 / hide1 keep their accumulator (kGuard).
+template <int R, int kRows, int kCols, class D, class V, class M>
+HWY_INLINE void GuardedFmaTileRow(D d, const float* HWY_RESTRICT bt,
+                                  int64_t b_row, V x0, V x1, M hide0, M hide1,
+                                  V& c0, V& c1) {
+  if constexpr (R < kRows) {
+    const V y = hn::Set(d, bt[R * b_row]);
+    c0 = hn::IfThenElse(hide0, c0, hn::MulAdd(y, x0, c0));
+    if (kCols > 1) c1 = hn::IfThenElse(hide1, c1, hn::MulAdd(y, x1, c1));
+  }
+}
+
+template <int R, int kRows, int kCols, class D, class V>
+HWY_INLINE void StoreTileRow(D d, V c0, V c1, float* HWY_RESTRICT out,
+                             int64_t out_row) {
+  if constexpr (R < kRows) {
+    hn::Store(c0, d, out + R * out_row);
+    if (kCols > 1) hn::Store(c1, d, out + R * out_row + hn::Lanes(d));
+  }
+}
+
 template <int kRows, int kCols, bool kAccumulate, bool kGuard, class D>
 HWY_INLINE void TileGemm(D d, const float* HWY_RESTRICT b, int64_t b_row,
                          int64_t b_t, const float* HWY_RESTRICT a, int64_t a_t,
@@ -64,19 +112,14 @@ HWY_INLINE void TileGemm(D d, const float* HWY_RESTRICT b, int64_t b_row,
   V a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00;
   V a60 = a00, a61 = a00, a70 = a00, a71 = a00;
   if (kAccumulate) {
-#define SIMDATTN_LOAD_ROW(R)                                        \
-  if (R < kRows) {                                                  \
-    a##R##0 = hn::Load(d, out + R * out_row);                       \
-    if (kCols > 1) a##R##1 = hn::Load(d, out + R * out_row + N);    \
-    if (scale != nullptr) {                                         \
-      a##R##0 = hn::Mul(a##R##0, hn::Load(d, scale));               \
-      if (kCols > 1) a##R##1 = hn::Mul(a##R##1, hn::Load(d, scale + N)); \
-    }                                                               \
-  }
-    SIMDATTN_LOAD_ROW(0) SIMDATTN_LOAD_ROW(1) SIMDATTN_LOAD_ROW(2)
-    SIMDATTN_LOAD_ROW(3) SIMDATTN_LOAD_ROW(4) SIMDATTN_LOAD_ROW(5)
-    SIMDATTN_LOAD_ROW(6) SIMDATTN_LOAD_ROW(7)
-#undef SIMDATTN_LOAD_ROW
+    LoadTileRow<0, kRows, kCols>(d, out, out_row, scale, a00, a01);
+    LoadTileRow<1, kRows, kCols>(d, out, out_row, scale, a10, a11);
+    LoadTileRow<2, kRows, kCols>(d, out, out_row, scale, a20, a21);
+    LoadTileRow<3, kRows, kCols>(d, out, out_row, scale, a30, a31);
+    LoadTileRow<4, kRows, kCols>(d, out, out_row, scale, a40, a41);
+    LoadTileRow<5, kRows, kCols>(d, out, out_row, scale, a50, a51);
+    LoadTileRow<6, kRows, kCols>(d, out, out_row, scale, a60, a61);
+    LoadTileRow<7, kRows, kCols>(d, out, out_row, scale, a70, a71);
   }
   for (int64_t t = 0; t < n; ++t) {
     const V x0 = hn::Load(d, a + t * a_t);
@@ -84,42 +127,35 @@ HWY_INLINE void TileGemm(D d, const float* HWY_RESTRICT b, int64_t b_row,
     const float* HWY_RESTRICT bt = b + t * b_t;
     if (kGuard) {
       const hn::RebindToUnsigned<D> du;
-      const auto hide0 = hn::RebindMask(d, hn::Eq(hn::BitCast(du, x0), hn::Zero(du)));
-      const auto hide1 = hn::RebindMask(d, hn::Eq(hn::BitCast(du, x1), hn::Zero(du)));
-#define SIMDATTN_FMA_ROW(R)                                                 \
-  if (R < kRows) {                                                          \
-    const V y = hn::Set(d, bt[R * b_row]);                                  \
-    a##R##0 = hn::IfThenElse(hide0, a##R##0, hn::MulAdd(y, x0, a##R##0));   \
-    if (kCols > 1) {                                                        \
-      a##R##1 = hn::IfThenElse(hide1, a##R##1, hn::MulAdd(y, x1, a##R##1)); \
-    }                                                                       \
-  }
-      SIMDATTN_FMA_ROW(0) SIMDATTN_FMA_ROW(1) SIMDATTN_FMA_ROW(2)
-      SIMDATTN_FMA_ROW(3) SIMDATTN_FMA_ROW(4) SIMDATTN_FMA_ROW(5)
-      SIMDATTN_FMA_ROW(6) SIMDATTN_FMA_ROW(7)
-#undef SIMDATTN_FMA_ROW
+      const auto h0 = hn::RebindMask(d, hn::Eq(hn::BitCast(du, x0), hn::Zero(du)));
+      const auto h1 = hn::RebindMask(d, hn::Eq(hn::BitCast(du, x1), hn::Zero(du)));
+      GuardedFmaTileRow<0, kRows, kCols>(d, bt, b_row, x0, x1, h0, h1, a00, a01);
+      GuardedFmaTileRow<1, kRows, kCols>(d, bt, b_row, x0, x1, h0, h1, a10, a11);
+      GuardedFmaTileRow<2, kRows, kCols>(d, bt, b_row, x0, x1, h0, h1, a20, a21);
+      GuardedFmaTileRow<3, kRows, kCols>(d, bt, b_row, x0, x1, h0, h1, a30, a31);
+      GuardedFmaTileRow<4, kRows, kCols>(d, bt, b_row, x0, x1, h0, h1, a40, a41);
+      GuardedFmaTileRow<5, kRows, kCols>(d, bt, b_row, x0, x1, h0, h1, a50, a51);
+      GuardedFmaTileRow<6, kRows, kCols>(d, bt, b_row, x0, x1, h0, h1, a60, a61);
+      GuardedFmaTileRow<7, kRows, kCols>(d, bt, b_row, x0, x1, h0, h1, a70, a71);
     } else {
-#define SIMDATTN_FMA_ROW(R)                      \
-  if (R < kRows) {                               \
-    const V y = hn::Set(d, bt[R * b_row]);       \
-    a##R##0 = hn::MulAdd(y, x0, a##R##0);        \
-    if (kCols > 1) a##R##1 = hn::MulAdd(y, x1, a##R##1); \
-  }
-      SIMDATTN_FMA_ROW(0) SIMDATTN_FMA_ROW(1) SIMDATTN_FMA_ROW(2)
-      SIMDATTN_FMA_ROW(3) SIMDATTN_FMA_ROW(4) SIMDATTN_FMA_ROW(5)
-      SIMDATTN_FMA_ROW(6) SIMDATTN_FMA_ROW(7)
-#undef SIMDATTN_FMA_ROW
+      FmaTileRow<0, kRows, kCols>(d, bt, b_row, x0, x1, a00, a01);
+      FmaTileRow<1, kRows, kCols>(d, bt, b_row, x0, x1, a10, a11);
+      FmaTileRow<2, kRows, kCols>(d, bt, b_row, x0, x1, a20, a21);
+      FmaTileRow<3, kRows, kCols>(d, bt, b_row, x0, x1, a30, a31);
+      FmaTileRow<4, kRows, kCols>(d, bt, b_row, x0, x1, a40, a41);
+      FmaTileRow<5, kRows, kCols>(d, bt, b_row, x0, x1, a50, a51);
+      FmaTileRow<6, kRows, kCols>(d, bt, b_row, x0, x1, a60, a61);
+      FmaTileRow<7, kRows, kCols>(d, bt, b_row, x0, x1, a70, a71);
     }
   }
-#define SIMDATTN_STORE_ROW(R)                        \
-  if (R < kRows) {                                   \
-    hn::Store(a##R##0, d, out + R * out_row);        \
-    if (kCols > 1) hn::Store(a##R##1, d, out + R * out_row + N); \
-  }
-  SIMDATTN_STORE_ROW(0) SIMDATTN_STORE_ROW(1) SIMDATTN_STORE_ROW(2)
-  SIMDATTN_STORE_ROW(3) SIMDATTN_STORE_ROW(4) SIMDATTN_STORE_ROW(5)
-  SIMDATTN_STORE_ROW(6) SIMDATTN_STORE_ROW(7)
-#undef SIMDATTN_STORE_ROW
+  StoreTileRow<0, kRows, kCols>(d, a00, a01, out, out_row);
+  StoreTileRow<1, kRows, kCols>(d, a10, a11, out, out_row);
+  StoreTileRow<2, kRows, kCols>(d, a20, a21, out, out_row);
+  StoreTileRow<3, kRows, kCols>(d, a30, a31, out, out_row);
+  StoreTileRow<4, kRows, kCols>(d, a40, a41, out, out_row);
+  StoreTileRow<5, kRows, kCols>(d, a50, a51, out, out_row);
+  StoreTileRow<6, kRows, kCols>(d, a60, a61, out, out_row);
+  StoreTileRow<7, kRows, kCols>(d, a70, a71, out, out_row);
 }
 
 // TileGemm over any number of rows: full tiles of kTileRows, then single rows.
