@@ -146,19 +146,9 @@ bool AllZero(const int64_t* shape) {
   return shape[0] == 0 && shape[1] == 0 && shape[2] == 0 && shape[3] == 0;
 }
 
-}  // namespace
-
-Status ValidateInputs(const TensorView& q, const TensorView& k,
-                      const TensorView& v, const AttentionOptions& options,
-                      Problem* p) {
-  ByteRange r;
-  Status s = CheckView("q", 0, q.data, q.dtype, q.shape, q.strides, &r);
-  if (!s.ok()) return s;
-  s = CheckView("k", 1, k.data, k.dtype, k.shape, k.strides, &r);
-  if (!s.ok()) return s;
-  s = CheckView("v", 2, v.data, v.dtype, v.shape, v.strides, &r);
-  if (!s.ok()) return s;
-
+// Q, K and V against each other (each view already checked alone).
+Status CheckShapes(const TensorView& q, const TensorView& k,
+                   const TensorView& v) {
   if (k.dtype != v.dtype) {
     return Invalid(std::string("k.dtype = ") + DTypeName(k.dtype) +
                    " but v.dtype = " + DTypeName(v.dtype) +
@@ -185,26 +175,21 @@ Status ValidateInputs(const TensorView& q, const TensorView& k,
        << k.shape[1];
     return Invalid(os.str());
   }
+  return Status::Ok();
+}
 
-  Problem out;
-  out.batch = q.shape[0];
-  out.q_heads = q.shape[1];
-  out.kv_heads = k.shape[1];
-  out.q_len = q.shape[2];
-  out.kv_len = k.shape[2];
-  out.head_dim_qk = q.shape[3];
-  out.head_dim_v = v.shape[3];
-  out.group = out.q_heads / out.kv_heads;
-
+// The scalar options and kv_lengths; sets out->scale.
+Status CheckScalarOptions(const AttentionOptions& options, Problem* out) {
+  std::ostringstream os;
   if (options.scale.has_value()) {
     const float sc = *options.scale;
     if (!std::isfinite(sc) || sc < 0.0f) {
       os << "scale = " << sc << ": must be finite and >= 0";
       return Invalid(os.str());
     }
-    out.scale = sc;
+    out->scale = sc;
   } else {
-    out.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(out.head_dim_qk)));
+    out->scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(out->head_dim_qk)));
   }
   if (!std::isfinite(options.softcap) || options.softcap < 0.0f) {
     os << "softcap = " << options.softcap << ": must be finite and >= 0";
@@ -221,55 +206,90 @@ Status ValidateInputs(const TensorView& q, const TensorView& k,
     return Invalid(os.str());
   }
   if (options.kv_lengths != nullptr) {
-    for (int64_t b = 0; b < out.batch; ++b) {
+    for (int64_t b = 0; b < out->batch; ++b) {
       const int64_t len = options.kv_lengths[b];
-      if (len < 0 || len > out.kv_len) {
+      if (len < 0 || len > out->kv_len) {
         os << "kv_lengths[" << b << "] = " << len << ": must be in [0, Lk = "
-           << out.kv_len << "]";
+           << out->kv_len << "]";
         return Invalid(os.str());
       }
     }
   }
+  return Status::Ok();
+}
 
-  const TensorView& m = options.mask;
+// The optional mask: dtype, broadcast to [B, Hq, Lq, Lk], a contiguous or
+// broadcast last dimension, offsets that fit int64. Sets out's mask fields.
+Status CheckMask(const TensorView& m, Problem* out, ByteRange* r) {
+  std::ostringstream os;
   if (m.data == nullptr && !AllZero(m.shape)) {
     return Invalid("mask.data is null with shape " + ShapeString(m.shape) +
                    " (leave every extent 0 for no mask)");
   }
-  if (m.data != nullptr) {
-    if (m.dtype != DType::kBool && m.dtype != DType::kF32 &&
-        m.dtype != DType::kF16) {
-      os << "mask.dtype = "
-         << (KnownDType(m.dtype) ? DTypeName(m.dtype) : "unknown")
-         << ": must be bool (1 = attend), f32 or f16 (additive)";
-      return Invalid(os.str());
-    }
-    const int64_t full[4] = {out.batch, out.q_heads, out.q_len, out.kv_len};
-    const char* const names[4] = {"B", "Hq", "Lq", "Lk"};
-    int64_t eff_shape[4];
-    for (int i = 0; i < 4; ++i) {
-      if (m.shape[i] != full[i] && m.shape[i] != 1) {
-        os << "mask.shape[" << i << "] = " << m.shape[i]
-           << " cannot broadcast to " << names[i] << " = " << full[i]
-           << " (mask must broadcast to [B, Hq, Lq, Lk] = "
-           << ShapeString(full) << ")";
-        return Invalid(os.str());
-      }
-      out.mask_strides[i] = m.shape[i] == 1 ? 0 : m.strides[i];
-      eff_shape[i] = m.shape[i];
-    }
-    if (out.mask_strides[3] != 0 && out.mask_strides[3] != 1) {
-      os << "mask.strides[3] = " << m.strides[3]
-         << ": the last dimension must be contiguous (stride 1) or broadcast "
-            "(stride 0 or extent 1)";
-      return Invalid(os.str());
-    }
-    if (!ComputeRange(m.data, m.dtype, eff_shape, out.mask_strides, &r)) {
-      return Invalid("mask: offsets of shape " + ShapeString(m.shape) +
-                     " with its strides overflow int64");
-    }
-    out.has_mask = true;
+  if (m.data == nullptr) return Status::Ok();
+  if (m.dtype != DType::kBool && m.dtype != DType::kF32 &&
+      m.dtype != DType::kF16) {
+    os << "mask.dtype = "
+       << (KnownDType(m.dtype) ? DTypeName(m.dtype) : "unknown")
+       << ": must be bool (1 = attend), f32 or f16 (additive)";
+    return Invalid(os.str());
   }
+  const int64_t full[4] = {out->batch, out->q_heads, out->q_len, out->kv_len};
+  const char* const names[4] = {"B", "Hq", "Lq", "Lk"};
+  int64_t eff_shape[4];
+  for (int i = 0; i < 4; ++i) {
+    if (m.shape[i] != full[i] && m.shape[i] != 1) {
+      os << "mask.shape[" << i << "] = " << m.shape[i]
+         << " cannot broadcast to " << names[i] << " = " << full[i]
+         << " (mask must broadcast to [B, Hq, Lq, Lk] = "
+         << ShapeString(full) << ")";
+      return Invalid(os.str());
+    }
+    out->mask_strides[i] = m.shape[i] == 1 ? 0 : m.strides[i];
+    eff_shape[i] = m.shape[i];
+  }
+  if (out->mask_strides[3] != 0 && out->mask_strides[3] != 1) {
+    os << "mask.strides[3] = " << m.strides[3]
+       << ": the last dimension must be contiguous (stride 1) or broadcast "
+          "(stride 0 or extent 1)";
+    return Invalid(os.str());
+  }
+  if (!ComputeRange(m.data, m.dtype, eff_shape, out->mask_strides, r)) {
+    return Invalid("mask: offsets of shape " + ShapeString(m.shape) +
+                   " with its strides overflow int64");
+  }
+  out->has_mask = true;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateInputs(const TensorView& q, const TensorView& k,
+                      const TensorView& v, const AttentionOptions& options,
+                      Problem* p) {
+  ByteRange r;
+  Status s = CheckView("q", 0, q.data, q.dtype, q.shape, q.strides, &r);
+  if (!s.ok()) return s;
+  s = CheckView("k", 1, k.data, k.dtype, k.shape, k.strides, &r);
+  if (!s.ok()) return s;
+  s = CheckView("v", 2, v.data, v.dtype, v.shape, v.strides, &r);
+  if (!s.ok()) return s;
+  s = CheckShapes(q, k, v);
+  if (!s.ok()) return s;
+
+  Problem out;
+  out.batch = q.shape[0];
+  out.q_heads = q.shape[1];
+  out.kv_heads = k.shape[1];
+  out.q_len = q.shape[2];
+  out.kv_len = k.shape[2];
+  out.head_dim_qk = q.shape[3];
+  out.head_dim_v = v.shape[3];
+  out.group = out.q_heads / out.kv_heads;
+  s = CheckScalarOptions(options, &out);
+  if (!s.ok()) return s;
+  s = CheckMask(options.mask, &out, &r);
+  if (!s.ok()) return s;
   *p = out;
   return Status::Ok();
 }
