@@ -19,8 +19,6 @@
 namespace simdattn {
 namespace test {
 
-constexpr double kLseBound = 1e-4;  // SEMANTICS.md, f32 Q and K
-
 struct Case {
   int64_t batch = 1, q_heads = 1, kv_heads = 1, q_len = 1, kv_len = 1;
   int64_t dk = 8, dv = 8;
