@@ -86,6 +86,11 @@ double MaxAbs(const Tensor& t);
 // SEMANTICS.md bounds for the narrowest storage type.
 double OutputBound(DType narrowest);
 
+// SEMANTICS.md's bounds on the absolute LSE error: Q and K both f32, or
+// either of them f16 or bf16.
+constexpr double kLseBound = 1e-4;
+constexpr double kLseBound16 = 1e-2;
+
 }  // namespace test
 }  // namespace simdattn
 

@@ -612,235 +612,468 @@ bool ParseVariantText(const RunArgs& args, AttentionOptions* options,
   return true;
 }
 
-int RunAttention(const RunArgs& args) {
-  std::string error;
-  const bool bshd = args.layout == "bshd";
-  if (!bshd && args.layout != "bhsd") {
-    return Error("--layout must be bhsd or bshd, got '" + args.layout + "'");
-  }
+// The settings of a run that come from text options alone, parsed and
+// checked before any file is read.
+struct RunConfig {
+  bool bshd = false;
   AttentionOptions options;
-  if (!args.scale.empty()) {
-    const char* text = args.scale.c_str();
-    char* end = nullptr;
-    errno = 0;
-    const double value = std::strtod(text, &end);
-    const float f = static_cast<float>(value);
-    if (end == text || *end != '\0') {
-      return Error("--scale must be a number, got '" + args.scale + "'");
-    }
-    if (!std::isfinite(f) || f < 0.0f) {
-      return Error("--scale must be finite and >= 0, got '" + args.scale +
-                   "'");
-    }
-    options.scale = f;
+  std::vector<int64_t> kv_lens;  // options.kv_lengths points here once checked
+  DType qo_type = DType::kF32;   // storage of Q and O
+  DType kv_type = DType::kF32;   // storage of K and V
+};
+
+// Parses --scale: a number (as strtod reads it) that is finite and >= 0
+// once rounded to float.
+bool ParseScale(const std::string& text, float* scale, std::string* error) {
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(begin, &end);
+  const float f = static_cast<float>(value);
+  if (end == begin || *end != '\0') {
+    *error = "--scale must be a number, got '" + text + "'";
+    return false;
   }
+  if (!std::isfinite(f) || f < 0.0f) {
+    *error = "--scale must be finite and >= 0, got '" + text + "'";
+    return false;
+  }
+  *scale = f;
+  return true;
+}
+
+// Parses --causal and --align into the options' causal flag and alignment.
+bool ParseCausalAndAlign(const RunArgs& args, AttentionOptions* options,
+                         std::string* error) {
   if (!args.causal.empty()) {
-    if (!ParseAlignment("--causal", args.causal, &options.alignment, &error)) {
-      return Error(error);
+    if (!ParseAlignment("--causal", args.causal, &options->alignment, error)) {
+      return false;
     }
-    options.causal = true;
+    options->causal = true;
   }
   if (!args.align.empty()) {
     Alignment align;
-    if (!ParseAlignment("--align", args.align, &align, &error)) {
-      return Error(error);
+    if (!ParseAlignment("--align", args.align, &align, error)) return false;
+    if (options->causal && align != options->alignment) {
+      *error = "--causal " + args.causal + " conflicts with --align " +
+               args.align;
+      return false;
     }
-    if (options.causal && align != options.alignment) {
-      return Error("--causal " + args.causal + " conflicts with --align " +
-                   args.align);
-    }
-    options.alignment = align;
+    options->alignment = align;
   }
+  return true;
+}
+
+// Parses and checks every text option, then both destinations, then applies
+// --target; the first problem found is the one reported.
+bool ParseRunConfig(const RunArgs& args, RunConfig* config,
+                    std::string* error) {
+  config->bshd = args.layout == "bshd";
+  if (!config->bshd && args.layout != "bhsd") {
+    *error = "--layout must be bhsd or bshd, got '" + args.layout + "'";
+    return false;
+  }
+  AttentionOptions& options = config->options;
+  if (!args.scale.empty()) {
+    float scale;
+    if (!ParseScale(args.scale, &scale, error)) return false;
+    options.scale = scale;
+  }
+  if (!ParseCausalAndAlign(args, &options, error)) return false;
   if (args.threads_given &&
       (args.threads < 1 || args.threads > kMaxThreads)) {
-    return Error("--threads must be in 1.." + std::to_string(kMaxThreads) +
-                 ", got " + std::to_string(args.threads));
+    *error = "--threads must be in 1.." + std::to_string(kMaxThreads) +
+             ", got " + std::to_string(args.threads);
+    return false;
   }
-  std::vector<int64_t> kv_lens;
-  if (!ParseVariantText(args, &options, &kv_lens, &error)) {
-    return Error(error);
+  if (!ParseVariantText(args, &options, &config->kv_lens, error) ||
+      !ParseStorageTypes(args, &config->qo_type, &config->kv_type, error) ||
+      !CheckOutputs(args, error)) {
+    return false;
   }
-  DType qo_type, kv_type;
-  if (!ParseStorageTypes(args, &qo_type, &kv_type, &error)) {
-    return Error(error);
-  }
-  if (!CheckOutputs(args, &error)) return Error(error);
   if (!args.target.empty()) {
     const Status s = SetMaxTarget(args.target.c_str());
-    if (!s.ok()) return Error("--target: " + s.message);
-  }
-
-  npy::Array q, k, v;
-  if (!LoadInput("--q", args.q, &q, &error) ||
-      !LoadInput("--k", args.k, &k, &error) ||
-      !LoadInput("--v", args.v, &v, &error)) {
-    return Error(error);
-  }
-  // Logical [B, H, L, D] of a file array in the chosen layout.
-  auto logical = [bshd](const npy::Array& a) {
-    const std::vector<int64_t>& s = a.shape;
-    return bshd ? std::vector<int64_t>{s[0], s[2], s[1], s[3]} : s;
-  };
-  // Inputs are rounded to their storage type (round to nearest even) into
-  // 16-bit copies in the file's element order, so the views keep the file's
-  // layout.
-  std::vector<uint16_t> q16, k16, v16;
-  auto make_view = [bshd](const npy::Array& a, DType dtype,
-                          std::vector<uint16_t>* rounded,
-                          const std::vector<int64_t>& l) {
-    const void* data = a.f32.data();
-    if (dtype != DType::kF32) {
-      RoundTo16(dtype, a.f32.data(), a.f32.size(), rounded);
-      data = rounded->data();
+    if (!s.ok()) {
+      *error = "--target: " + s.message;
+      return false;
     }
-    return bshd ? MakeBSHD(data, dtype, l[0], l[1], l[2], l[3])
-                : MakeBHSD(data, dtype, l[0], l[1], l[2], l[3]);
-  };
-  const std::vector<int64_t> lq = logical(q), lk = logical(k), lv = logical(v);
-  const TensorView qv = make_view(q, qo_type, &q16, lq);
-  const TensorView kv = make_view(k, kv_type, &k16, lk);
-  const TensorView vv = make_view(v, kv_type, &v16, lv);
+  }
+  return true;
+}
 
-  // Variant inputs, checked against the logical shapes of Q and K (which
-  // Attention() checks against each other).
-  const int64_t full[4] = {lq[0], lq[1], lq[2], lk[2]};
+// Q, K and V as read from their files, and the views Attention() reads.
+// Inputs are rounded to their storage type (round to nearest even) into
+// 16-bit copies in the file's element order, so the views keep the file's
+// layout. Not copyable: the views point into the arrays.
+struct InputTensors {
+  npy::Array q, k, v;
+  std::vector<uint16_t> q16, k16, v16;
+  std::vector<int64_t> lq, lk, lv;  // logical [B, H, L, D] of each
+  TensorView qv, kv, vv;
+
+  InputTensors() = default;
+  InputTensors(const InputTensors&) = delete;
+  InputTensors& operator=(const InputTensors&) = delete;
+};
+
+// Logical [B, H, L, D] of a file array in the chosen layout.
+std::vector<int64_t> LogicalShape(const npy::Array& a, bool bshd) {
+  const std::vector<int64_t>& s = a.shape;
+  return bshd ? std::vector<int64_t>{s[0], s[2], s[1], s[3]} : s;
+}
+
+TensorView MakeInputView(const npy::Array& a, DType dtype, bool bshd,
+                         std::vector<uint16_t>* rounded,
+                         const std::vector<int64_t>& l) {
+  const void* data = a.f32.data();
+  if (dtype != DType::kF32) {
+    RoundTo16(dtype, a.f32.data(), a.f32.size(), rounded);
+    data = rounded->data();
+  }
+  return bshd ? MakeBSHD(data, dtype, l[0], l[1], l[2], l[3])
+              : MakeBHSD(data, dtype, l[0], l[1], l[2], l[3]);
+}
+
+bool LoadInputs(const RunArgs& args, const RunConfig& config,
+                InputTensors* in, std::string* error) {
+  if (!LoadInput("--q", args.q, &in->q, error) ||
+      !LoadInput("--k", args.k, &in->k, error) ||
+      !LoadInput("--v", args.v, &in->v, error)) {
+    return false;
+  }
+  in->lq = LogicalShape(in->q, config.bshd);
+  in->lk = LogicalShape(in->k, config.bshd);
+  in->lv = LogicalShape(in->v, config.bshd);
+  in->qv = MakeInputView(in->q, config.qo_type, config.bshd, &in->q16, in->lq);
+  in->kv = MakeInputView(in->k, config.kv_type, config.bshd, &in->k16, in->lk);
+  in->vv = MakeInputView(in->v, config.kv_type, config.bshd, &in->v16, in->lv);
+  return true;
+}
+
+// The files of the variant options, which the options point into.
+struct VariantFiles {
+  MaskInput mask;
+  npy::Array alibi, sinks;
+};
+
+// Checks --kv-lens against `full` = [B, Hq, Lq, Lk] (the logical shapes of
+// Q and K, which Attention() checks against each other), loads the variant
+// files, and points the options at them.
+bool LoadVariantInputs(const RunArgs& args, const int64_t full[4],
+                       RunConfig* config, VariantFiles* files,
+                       std::string* error) {
+  AttentionOptions& options = config->options;
+  const std::vector<int64_t>& kv_lens = config->kv_lens;
   if (args.kv_lens_given) {
     if (static_cast<int64_t>(kv_lens.size()) != full[0]) {
-      return Error("--kv-lens has " + std::to_string(kv_lens.size()) +
-                   " values, expected B = " + std::to_string(full[0]));
+      *error = "--kv-lens has " + std::to_string(kv_lens.size()) +
+               " values, expected B = " + std::to_string(full[0]);
+      return false;
     }
     for (size_t i = 0; i < kv_lens.size(); ++i) {
       if (kv_lens[i] < 0 || kv_lens[i] > full[3]) {
-        return Error("--kv-lens value " + std::to_string(i) + " is " +
-                     std::to_string(kv_lens[i]) + ", must be in [0, Lk = " +
-                     std::to_string(full[3]) + "]");
+        *error = "--kv-lens value " + std::to_string(i) + " is " +
+                 std::to_string(kv_lens[i]) + ", must be in [0, Lk = " +
+                 std::to_string(full[3]) + "]";
+        return false;
       }
     }
     options.kv_lengths = kv_lens.data();
   }
-  MaskInput mask;
   if (args.mask_given) {
-    if (!LoadMask(args.mask, full, &mask, &error)) return Error(error);
-    options.mask = mask.view;
+    if (!LoadMask(args.mask, full, &files->mask, error)) return false;
+    options.mask = files->mask.view;
   }
-  npy::Array alibi, sinks;
   if (args.alibi_slopes_given) {
-    if (!LoadPerHead("--alibi-slopes", args.alibi_slopes, full[1], &alibi,
-                     &error)) {
-      return Error(error);
+    if (!LoadPerHead("--alibi-slopes", args.alibi_slopes, full[1],
+                     &files->alibi, error)) {
+      return false;
     }
-    options.alibi_slopes = alibi.f32.data();
+    options.alibi_slopes = files->alibi.f32.data();
   }
   if (args.sinks_given) {
-    if (!LoadPerHead("--sinks", args.sinks, full[1], &sinks, &error)) {
-      return Error(error);
+    if (!LoadPerHead("--sinks", args.sinks, full[1], &files->sinks, error)) {
+      return false;
     }
-    options.sinks = sinks.f32.data();
+    options.sinks = files->sinks.f32.data();
   }
+  return true;
+}
 
-  // O is [B, Hq, Lq, Dv]; its extents come from Q and V, which Attention()
-  // checks against each other before writing anything.
-  const int64_t b = lq[0], hq = lq[1], seq_q = lq[2], dv = lv[3];
-  const std::vector<int64_t> o_logical = {b, hq, seq_q, dv};
+// O (f32, as written to its file, and in its storage type when that is
+// 16-bit) and LSE, with the views Attention() writes.
+struct OutputBuffers {
+  std::vector<int64_t> o_logical;  // [B, Hq, Lq, Dv]
+  int64_t o_count = 0;
+  std::unique_ptr<float[]> o;
+  std::unique_ptr<float[]> lse;
+  std::unique_ptr<uint16_t[]> o16;
+  MutableTensorView ov, lsev;
+};
+
+// O is [B, Hq, Lq, Dv]; its extents come from Q and V, which Attention()
+// checks against each other before writing anything. A 16-bit O is computed
+// in its storage type and widened (exactly) to f32 for the '<f4' file.
+bool AllocateOutputs(const RunArgs& args, const RunConfig& config,
+                     const InputTensors& in, OutputBuffers* out,
+                     std::string* error) {
+  const int64_t b = in.lq[0], hq = in.lq[1], seq_q = in.lq[2], dv = in.lv[3];
+  out->o_logical = {b, hq, seq_q, dv};
   int64_t o_count = 1, lse_count = 1;
-  for (size_t i = 0; i < o_logical.size(); ++i) {
-    const int64_t e = o_logical[i];
+  for (size_t i = 0; i < out->o_logical.size(); ++i) {
+    const int64_t e = out->o_logical[i];
     if (e < 0 || (e > 0 && o_count > INT64_MAX / 4 / e)) {
-      return Error("output shape " + npy::ShapeString(o_logical) +
-                   " is too large");
+      *error = "output shape " + npy::ShapeString(out->o_logical) +
+               " is too large";
+      return false;
     }
     o_count *= e;
     if (i < 3) lse_count *= e;  // equals o_count so far: checked
   }
+  out->o_count = o_count;
   // Not value-initialized: pages of a huge, rejected output are never touched.
-  std::unique_ptr<float[]> o(new (std::nothrow)
-                                 float[static_cast<size_t>(o_count) + 1]);
-  std::unique_ptr<float[]> lse;
+  out->o.reset(new (std::nothrow) float[static_cast<size_t>(o_count) + 1]);
   if (!args.lse.empty()) {
-    lse.reset(new (std::nothrow) float[static_cast<size_t>(lse_count) + 1]);
+    out->lse.reset(new (std::nothrow)
+                       float[static_cast<size_t>(lse_count) + 1]);
   }
-  // A 16-bit O is computed in its storage type and widened (exactly) to f32
-  // for the '<f4' file.
-  std::unique_ptr<uint16_t[]> o16;
+  const DType qo_type = config.qo_type;
   if (qo_type != DType::kF32) {
-    o16.reset(new (std::nothrow) uint16_t[static_cast<size_t>(o_count) + 1]);
+    out->o16.reset(new (std::nothrow)
+                       uint16_t[static_cast<size_t>(o_count) + 1]);
   }
-  if (o == nullptr || (!args.lse.empty() && lse == nullptr) ||
-      (qo_type != DType::kF32 && o16 == nullptr)) {
-    return Error("out of memory allocating the output");
+  if (out->o == nullptr || (!args.lse.empty() && out->lse == nullptr) ||
+      (qo_type != DType::kF32 && out->o16 == nullptr)) {
+    *error = "out of memory allocating the output";
+    return false;
   }
-  void* o_data = o16 != nullptr ? static_cast<void*>(o16.get())
-                                : static_cast<void*>(o.get());
-  const MutableTensorView ov =
-      bshd ? MakeBSHD(o_data, qo_type, b, hq, seq_q, dv)
-           : MakeBHSD(o_data, qo_type, b, hq, seq_q, dv);
-  MutableTensorView lsev;
-  if (lse != nullptr) lsev = MakeBHSD(lse.get(), DType::kF32, b, hq, seq_q, 1);
+  void* o_data = out->o16 != nullptr ? static_cast<void*>(out->o16.get())
+                                     : static_cast<void*>(out->o.get());
+  out->ov = config.bshd ? MakeBSHD(o_data, qo_type, b, hq, seq_q, dv)
+                        : MakeBHSD(o_data, qo_type, b, hq, seq_q, dv);
+  if (out->lse != nullptr) {
+    out->lsev = MakeBHSD(out->lse.get(), DType::kF32, b, hq, seq_q, 1);
+  }
+  return true;
+}
 
+// Runs Attention() on --threads workers (or the caller's thread) and widens
+// a 16-bit O into the f32 buffer; *target names the code path that ran.
+bool Compute(const RunArgs& args, const RunConfig& config,
+             const InputTensors& in, OutputBuffers* out, std::string* target,
+             std::string* error) {
   std::unique_ptr<ThreadPool> pool;
   ExecutionOptions exec;
   if (args.threads_given) {
     try {
       pool.reset(new ThreadPool(args.threads));
     } catch (const std::system_error& e) {
-      return Error("cannot start " + std::to_string(args.threads) +
-                   " threads: " + e.what());
+      *error = "cannot start " + std::to_string(args.threads) +
+               " threads: " + e.what();
+      return false;
     }
     exec.pool = pool.get();
   }
   simdattn::RunInfo info;
-  const Status s = Attention(qv, kv, vv, ov, options, lsev, exec, &info);
+  const Status s = Attention(in.qv, in.kv, in.vv, out->ov, config.options,
+                             out->lsev, exec, &info);
   if (!s.ok()) {
-    std::string message = std::string(StatusCodeName(s.code)) + ": " +
-                          s.message;
-    if (bshd && s.code == StatusCode::kInvalidArgument) {
-      message += " (shapes are logical [B, H, L, D]; bshd files hold "
-                 "[B, L, H, D])";
+    *error = std::string(StatusCodeName(s.code)) + ": " + s.message;
+    if (config.bshd && s.code == StatusCode::kInvalidArgument) {
+      *error += " (shapes are logical [B, H, L, D]; bshd files hold "
+                "[B, L, H, D])";
     }
-    return Error(message);
+    return false;
   }
-  if (o16 != nullptr) {
+  if (out->o16 != nullptr) {
     // Dense in the file's element order, like the f32 buffer.
-    const size_t n = static_cast<size_t>(o_count);
+    const size_t n = static_cast<size_t>(out->o_count);
     for (size_t i = 0; i < n; ++i) {
-      o[i] = qo_type == DType::kF16 ? F16ToF32(o16[i]) : BF16ToF32(o16[i]);
+      out->o[i] = config.qo_type == DType::kF16 ? F16ToF32(out->o16[i])
+                                                : BF16ToF32(out->o16[i]);
     }
   }
+  *target = info.target;
+  return true;
+}
 
-  // Prepare both files completely before replacing either destination, and
-  // check both destinations again just before the first rename. Residual
-  // risk: two renames are not one atomic step, so if LSE's rename still
-  // fails after O's succeeded (the destination changed in between, or an
-  // I/O error), O has been replaced; the message then says so.
+// Prepares both files completely before replacing either destination, and
+// checks both destinations again just before the first rename. Residual
+// risk: two renames are not one atomic step, so if LSE's rename still fails
+// after O's succeeded (the destination changed in between, or an I/O
+// error), O has been replaced; the message then says so.
+bool WriteOutputs(const RunArgs& args, bool bshd, const OutputBuffers& out,
+                  std::string* error) {
+  const std::vector<int64_t>& l = out.o_logical;
   const std::vector<int64_t> o_file =
-      bshd ? std::vector<int64_t>{b, seq_q, hq, dv} : o_logical;
-  std::string o_temp, lse_temp;
-  if (!npy::WriteF32Temp(args.out, o.get(), o_file, &o_temp, &error)) {
-    return Error("--out: " + error);
+      bshd ? std::vector<int64_t>{l[0], l[2], l[1], l[3]} : l;
+  std::string o_temp, lse_temp, e;
+  if (!npy::WriteF32Temp(args.out, out.o.get(), o_file, &o_temp, &e)) {
+    *error = "--out: " + e;
+    return false;
   }
-  if (lse != nullptr &&
-      !npy::WriteF32Temp(args.lse, lse.get(), {b, hq, seq_q}, &lse_temp,
-                         &error)) {
+  if (out.lse != nullptr &&
+      !npy::WriteF32Temp(args.lse, out.lse.get(), {l[0], l[1], l[2]},
+                         &lse_temp, &e)) {
     npy::DiscardTemp(o_temp);
-    return Error("--lse: " + error);
+    *error = "--lse: " + e;
+    return false;
   }
-  if (lse != nullptr && !npy::CheckDestination(args.lse, &error)) {
+  if (out.lse != nullptr && !npy::CheckDestination(args.lse, &e)) {
     npy::DiscardTemp(o_temp);
     npy::DiscardTemp(lse_temp);
-    return Error("--lse: " + error);
+    *error = "--lse: " + e;
+    return false;
   }
-  if (!npy::CommitTemp(o_temp, args.out, &error)) {
+  if (!npy::CommitTemp(o_temp, args.out, &e)) {
     npy::DiscardTemp(lse_temp);
-    return Error("--out: " + error);
+    *error = "--out: " + e;
+    return false;
   }
-  if (lse != nullptr && !npy::CommitTemp(lse_temp, args.lse, &error)) {
-    return Error("--lse: " + error + "; --out '" + args.out +
-                 "' was already replaced, so the outputs do not match");
+  if (out.lse != nullptr && !npy::CommitTemp(lse_temp, args.lse, &e)) {
+    *error = "--lse: " + e + "; --out '" + args.out +
+             "' was already replaced, so the outputs do not match";
+    return false;
+  }
+  return true;
+}
+
+int RunAttention(const RunArgs& args) {
+  std::string error;
+  RunConfig config;
+  if (!ParseRunConfig(args, &config, &error)) return Error(error);
+  InputTensors in;
+  if (!LoadInputs(args, config, &in, &error)) return Error(error);
+  const int64_t full[4] = {in.lq[0], in.lq[1], in.lq[2], in.lk[2]};
+  VariantFiles files;
+  if (!LoadVariantInputs(args, full, &config, &files, &error)) {
+    return Error(error);
+  }
+  OutputBuffers out;
+  std::string target;
+  if (!AllocateOutputs(args, config, in, &out, &error) ||
+      !Compute(args, config, in, &out, &target, &error) ||
+      !WriteOutputs(args, config.bshd, out, &error)) {
+    return Error(error);
   }
   if (args.verbose) {
-    std::cerr << "simdattn: ran on " << info.target << std::endl;
+    std::cerr << "simdattn: ran on " << target << std::endl;
   }
   return 0;
+}
+
+// ------------------------------------------------------------ command line
+
+// The `run` options whose presence RunArgs records (an empty or default
+// value is not the same as the option left out).
+struct GivenOptions {
+  CLI::Option* threads = nullptr;
+  CLI::Option* lse = nullptr;
+  CLI::Option* mask = nullptr;
+  CLI::Option* kv_lens = nullptr;
+  CLI::Option* window_left = nullptr;
+  CLI::Option* window_right = nullptr;
+  CLI::Option* softcap = nullptr;
+  CLI::Option* alibi_slopes = nullptr;
+  CLI::Option* sinks = nullptr;
+  CLI::Option* dropout = nullptr;
+  CLI::Option* seed = nullptr;
+  CLI::Option* dtype = nullptr;
+  CLI::Option* kv_dtype = nullptr;
+};
+
+// The inputs, outputs, layout and scale of `run`.
+void AddRunTensorOptions(CLI::App* run, RunArgs* args, GivenOptions* given) {
+  run->add_option("--q", args->q, "Q.npy: [B,Hq,Lq,Dk] (bhsd) or [B,Lq,Hq,Dk]")
+      ->required();
+  run->add_option("--k", args->k, "K.npy: [B,Hkv,Lk,Dk] or [B,Lk,Hkv,Dk]")
+      ->required();
+  run->add_option("--v", args->v, "V.npy: [B,Hkv,Lk,Dv] or [B,Lk,Hkv,Dv]")
+      ->required();
+  run->add_option("--out", args->out,
+                  "O.npy to write ('<f4', same layout as the inputs)")
+      ->required();
+  given->lse = run->add_option(
+      "--lse", args->lse, "LSE.npy to write ('<f4', [B,Hq,Lq])");
+  run->add_option("--layout", args->layout,
+                  "bhsd (default) or bshd: axis order of every array");
+  run->add_option("--scale", args->scale,
+                  "multiplies Q.K (default 1/sqrt(Dk)); finite, >= 0");
+}
+
+// The SEMANTICS.md options of `run`: masks, windows and score terms.
+void AddRunVariantOptions(CLI::App* run, RunArgs* args, GivenOptions* given) {
+  run->add_option("--causal", args->causal,
+                  "causal mask with alignment top-left or bottom-right");
+  run->add_option("--align", args->align,
+                  "query alignment (top-left or bottom-right) when not causal; "
+                  "used by --window-left/right and --alibi-slopes");
+  given->mask = run->add_option(
+      "--mask", args->mask,
+      "M.npy: '|b1' (1 = attend) or additive '<f4'/'<f2' mask of any shape "
+      "that broadcasts to [B,Hq,Lq,Lk] (NumPy rules; logical order in "
+      "either layout)");
+  given->kv_lens = run->add_option(
+      "--kv-lens", args->kv_lens,
+      "a,b,...: B valid key counts in [0, Lk]; later keys are hidden");
+  given->window_left = run->add_option(
+      "--window-left", args->window_left,
+      "sliding window: keys j >= p(i) - N are visible (negative: "
+      "unbounded; p(i) from --causal or --align)");
+  given->window_right = run->add_option(
+      "--window-right", args->window_right,
+      "sliding window: keys j <= p(i) + N are visible (negative: "
+      "unbounded)");
+  given->softcap = run->add_option(
+      "--softcap", args->softcap,
+      "logit softcap C: s = C * tanh(s / C); finite, >= 0 (0 = off)");
+  given->alibi_slopes = run->add_option(
+      "--alibi-slopes", args->alibi_slopes,
+      "A.npy: '<f4' of shape (Hq,); s -= A[h] * |p(i) - j|");
+  given->sinks = run->add_option(
+      "--sinks", args->sinks,
+      "S.npy: '<f4' of shape (Hq,); sink logits that only enlarge the "
+      "softmax denominator");
+  given->dropout = run->add_option(
+      "--dropout", args->dropout, "dropout probability P in [0, 1) (0 = off)");
+  given->seed = run->add_option(
+      "--seed", args->seed, "dropout seed, an integer in [0, 2^64) (default 0)");
+}
+
+// How `run` executes: threads, target, storage types, verbosity.
+void AddRunExecutionOptions(CLI::App* run, RunArgs* args,
+                            GivenOptions* given) {
+  given->threads =
+      run->add_option("--threads", args->threads, "worker threads (1..1024)");
+  run->add_option("--target", args->target,
+                  "cap the code path (a name from `simdattn info`)");
+  given->dtype = run->add_option(
+      "--dtype", args->dtype,
+      "f32 (default), f16 or bf16: storage type of Q, K, V and O (inputs "
+      "rounded to it, O widened to '<f4' when written)");
+  given->kv_dtype = run->add_option(
+      "--kv-dtype", args->kv_dtype,
+      "f32 (default), f16 or bf16: storage type of K and V only (inputs "
+      "rounded to it); with a non-f32 --dtype it must agree");
+  run->add_flag("--verbose", args->verbose,
+                "print the target that ran on stderr");
+}
+
+// Records in `args` which of the options were given.
+void NoteGivenOptions(const GivenOptions& given, RunArgs* args) {
+  args->threads_given = given.threads->count() > 0;
+  args->lse_given = given.lse->count() > 0;
+  args->mask_given = given.mask->count() > 0;
+  args->kv_lens_given = given.kv_lens->count() > 0;
+  args->window_left_given = given.window_left->count() > 0;
+  args->window_right_given = given.window_right->count() > 0;
+  args->softcap_given = given.softcap->count() > 0;
+  args->alibi_slopes_given = given.alibi_slopes->count() > 0;
+  args->sinks_given = given.sinks->count() > 0;
+  args->dropout_given = given.dropout->count() > 0;
+  args->seed_given = given.seed->count() > 0;
+  args->dtype_given = given.dtype->count() > 0;
+  args->kv_dtype_given = given.kv_dtype->count() > 0;
 }
 
 int Main(int argc, char** argv) {
@@ -857,70 +1090,10 @@ int Main(int argc, char** argv) {
              "arrays ('<f4' or '<f2'); docs/SEMANTICS.md defines every "
              "option.");
   RunArgs args;
-  run->add_option("--q", args.q, "Q.npy: [B,Hq,Lq,Dk] (bhsd) or [B,Lq,Hq,Dk]")
-      ->required();
-  run->add_option("--k", args.k, "K.npy: [B,Hkv,Lk,Dk] or [B,Lk,Hkv,Dk]")
-      ->required();
-  run->add_option("--v", args.v, "V.npy: [B,Hkv,Lk,Dv] or [B,Lk,Hkv,Dv]")
-      ->required();
-  run->add_option("--out", args.out,
-                  "O.npy to write ('<f4', same layout as the inputs)")
-      ->required();
-  CLI::Option* lse_opt = run->add_option(
-      "--lse", args.lse, "LSE.npy to write ('<f4', [B,Hq,Lq])");
-  run->add_option("--layout", args.layout,
-                  "bhsd (default) or bshd: axis order of every array");
-  run->add_option("--scale", args.scale,
-                  "multiplies Q.K (default 1/sqrt(Dk)); finite, >= 0");
-  run->add_option("--causal", args.causal,
-                  "causal mask with alignment top-left or bottom-right");
-  run->add_option("--align", args.align,
-                  "query alignment (top-left or bottom-right) when not causal; "
-                  "used by --window-left/right and --alibi-slopes");
-  CLI::Option* mask_opt = run->add_option(
-      "--mask", args.mask,
-      "M.npy: '|b1' (1 = attend) or additive '<f4'/'<f2' mask of any shape "
-      "that broadcasts to [B,Hq,Lq,Lk] (NumPy rules; logical order in "
-      "either layout)");
-  CLI::Option* kv_lens_opt = run->add_option(
-      "--kv-lens", args.kv_lens,
-      "a,b,...: B valid key counts in [0, Lk]; later keys are hidden");
-  CLI::Option* window_left_opt = run->add_option(
-      "--window-left", args.window_left,
-      "sliding window: keys j >= p(i) - N are visible (negative: "
-      "unbounded; p(i) from --causal or --align)");
-  CLI::Option* window_right_opt = run->add_option(
-      "--window-right", args.window_right,
-      "sliding window: keys j <= p(i) + N are visible (negative: "
-      "unbounded)");
-  CLI::Option* softcap_opt = run->add_option(
-      "--softcap", args.softcap,
-      "logit softcap C: s = C * tanh(s / C); finite, >= 0 (0 = off)");
-  CLI::Option* alibi_opt = run->add_option(
-      "--alibi-slopes", args.alibi_slopes,
-      "A.npy: '<f4' of shape (Hq,); s -= A[h] * |p(i) - j|");
-  CLI::Option* sinks_opt = run->add_option(
-      "--sinks", args.sinks,
-      "S.npy: '<f4' of shape (Hq,); sink logits that only enlarge the "
-      "softmax denominator");
-  CLI::Option* dropout_opt = run->add_option(
-      "--dropout", args.dropout, "dropout probability P in [0, 1) (0 = off)");
-  CLI::Option* seed_opt = run->add_option(
-      "--seed", args.seed, "dropout seed, an integer in [0, 2^64) (default 0)");
-  CLI::Option* threads_opt =
-      run->add_option("--threads", args.threads, "worker threads (1..1024)");
-  run->add_option("--target", args.target,
-                  "cap the code path (a name from `simdattn info`)");
-  CLI::Option* dtype_opt = run->add_option(
-      "--dtype", args.dtype,
-      "f32 (default), f16 or bf16: storage type of Q, K, V and O (inputs "
-      "rounded to it, O widened to '<f4' when written)");
-  CLI::Option* kv_dtype_opt = run->add_option(
-      "--kv-dtype", args.kv_dtype,
-      "f32 (default), f16 or bf16: storage type of K and V only (inputs "
-      "rounded to it); with a non-f32 --dtype it must agree");
-  run->add_flag("--verbose", args.verbose,
-                "print the target that ran on stderr");
+  GivenOptions given;
+  AddRunTensorOptions(run, &args, &given);
+  AddRunVariantOptions(run, &args, &given);
+  AddRunExecutionOptions(run, &args, &given);
 
   if (argc >= 2 && argv[1][0] != '-' && std::string(argv[1]) != "info" &&
       std::string(argv[1]) != "run") {
@@ -933,19 +1106,7 @@ int Main(int argc, char** argv) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
     return Error(std::string(e.what()) + " (see simdattn --help)");
   }
-  args.threads_given = threads_opt->count() > 0;
-  args.lse_given = lse_opt->count() > 0;
-  args.mask_given = mask_opt->count() > 0;
-  args.kv_lens_given = kv_lens_opt->count() > 0;
-  args.window_left_given = window_left_opt->count() > 0;
-  args.window_right_given = window_right_opt->count() > 0;
-  args.softcap_given = softcap_opt->count() > 0;
-  args.alibi_slopes_given = alibi_opt->count() > 0;
-  args.sinks_given = sinks_opt->count() > 0;
-  args.dropout_given = dropout_opt->count() > 0;
-  args.seed_given = seed_opt->count() > 0;
-  args.dtype_given = dtype_opt->count() > 0;
-  args.kv_dtype_given = kv_dtype_opt->count() > 0;
+  NoteGivenOptions(given, &args);
   if (info->parsed()) return PrintInfo();
   if (run->parsed()) return RunAttention(args);
   return Error("no subcommand");

@@ -237,18 +237,19 @@ bool Fail(const std::string& name, const std::string& problem,
   return false;
 }
 
-bool ParseImpl(const std::string& name, const uint8_t* data, size_t size,
-               Array* out, std::string* error) {
+// Checks the magic string and version and reads the header length: the
+// header text is [prefix, prefix + header_len) of the file.
+bool ParsePreamble(const std::string& name, const uint8_t* data, size_t size,
+                   size_t* prefix, uint64_t* header_len, std::string* error) {
   if (size < kMagicSize + 2 || std::memcmp(data, kMagic, kMagicSize) != 0) {
     return Fail(name, "not a .npy file (bad magic string)", error);
   }
   const int major = data[6];
   const int minor = data[7];
-  size_t prefix = 0;
   if (major == 1) {
-    prefix = 10;
+    *prefix = 10;
   } else if (major == 2 || major == 3) {
-    prefix = 12;
+    *prefix = 12;
   } else {
     return Fail(name,
                 "unsupported .npy format version " + std::to_string(major) +
@@ -261,13 +262,96 @@ bool ParseImpl(const std::string& name, const uint8_t* data, size_t size,
                     "." + std::to_string(minor),
                 error);
   }
-  if (size < prefix) return Fail(name, "truncated header", error);
-  const uint64_t header_len = LoadLE(data + 8, static_cast<int>(prefix - 8));
-  if (header_len > size - prefix) {
+  if (size < *prefix) return Fail(name, "truncated header", error);
+  *header_len = LoadLE(data + 8, static_cast<int>(*prefix - 8));
+  if (*header_len > size - *prefix) {
     return Fail(name,
                 "truncated header (header length " +
-                    std::to_string(header_len) + " exceeds the file)",
+                    std::to_string(*header_len) + " exceeds the file)",
                 error);
+  }
+  return true;
+}
+
+// Counts the elements of the header's shape, with overflow checks, and
+// checks that the `have` bytes after the header hold exactly that many
+// items of `item_size` bytes.
+bool CountElements(const std::string& name, const Header& header,
+                   size_t item_size, uint64_t have, uint64_t* count,
+                   std::string* error) {
+  *count = 1;
+  const uint64_t limit = static_cast<uint64_t>(
+      std::numeric_limits<int64_t>::max());
+  for (int64_t extent : header.shape) {
+    const uint64_t e = static_cast<uint64_t>(extent);
+    if (e != 0 && *count > limit / e) {
+      return Fail(name,
+                  "shape " + ShapeString(header.shape) +
+                      " has too many elements (overflows int64)",
+                  error);
+    }
+    *count *= e;
+  }
+  if (*count > limit / item_size ||
+      *count * item_size > std::numeric_limits<size_t>::max()) {
+    return Fail(name,
+                "shape " + ShapeString(header.shape) +
+                    " needs more bytes than can be addressed",
+                error);
+  }
+  const uint64_t need = *count * item_size;
+  if (have < need) {
+    return Fail(name,
+                "truncated data: shape " + ShapeString(header.shape) + " of '" +
+                    header.descr + "' needs " + std::to_string(need) +
+                    " bytes, the file has " + std::to_string(have),
+                error);
+  }
+  if (have > need) {
+    return Fail(name,
+                std::to_string(have - need) +
+                    " unexpected bytes after the data of shape " +
+                    ShapeString(header.shape),
+                error);
+  }
+  return true;
+}
+
+// The array of `n` elements of `type` stored (little-endian) at `payload`;
+// f16 is widened exactly to f32.
+Array DecodePayload(const Header& header, ElementType type,
+                    const uint8_t* payload, size_t n) {
+  Array result;
+  result.descr = header.descr;
+  result.type = type;
+  result.shape = header.shape;
+  switch (type) {
+    case ElementType::kF32:
+      result.f32.resize(n);
+      if (n > 0) std::memcpy(result.f32.data(), payload, n * 4);
+      break;
+    case ElementType::kF16:
+      result.f32.resize(n);
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t bits = static_cast<uint16_t>(
+            payload[2 * i] | (static_cast<uint16_t>(payload[2 * i + 1]) << 8));
+        result.f32[i] = F16ToF32(bits);
+      }
+      break;
+    case ElementType::kBool:
+    case ElementType::kU8:
+      result.bytes.assign(payload, payload + n);
+      break;
+  }
+  return result;
+}
+
+bool ParseImpl(const std::string& name, const uint8_t* data, size_t size,
+               Array* out, std::string* error) {
+  size_t prefix = 0;
+  uint64_t header_len = 0;
+  if (!ParsePreamble(name, data, size, &prefix, &header_len, error)) {
+    return false;
   }
   const std::string text(reinterpret_cast<const char*>(data + prefix),
                          static_cast<size_t>(header_len));
@@ -290,68 +374,13 @@ bool ParseImpl(const std::string& name, const uint8_t* data, size_t size,
                 "array)",
                 error);
   }
-  // Element and byte counts, with overflow checks.
-  uint64_t count = 1;
-  const uint64_t limit = static_cast<uint64_t>(
-      std::numeric_limits<int64_t>::max());
-  for (int64_t extent : header.shape) {
-    const uint64_t e = static_cast<uint64_t>(extent);
-    if (e != 0 && count > limit / e) {
-      return Fail(name,
-                  "shape " + ShapeString(header.shape) +
-                      " has too many elements (overflows int64)",
-                  error);
-    }
-    count *= e;
+  uint64_t count = 0;
+  if (!CountElements(name, header, item_size, size - prefix - header_len,
+                     &count, error)) {
+    return false;
   }
-  if (count > limit / item_size ||
-      count * item_size > std::numeric_limits<size_t>::max()) {
-    return Fail(name,
-                "shape " + ShapeString(header.shape) +
-                    " needs more bytes than can be addressed",
-                error);
-  }
-  const uint64_t need = count * item_size;
-  const uint64_t have = size - prefix - header_len;
-  if (have < need) {
-    return Fail(name,
-                "truncated data: shape " + ShapeString(header.shape) + " of '" +
-                    header.descr + "' needs " + std::to_string(need) +
-                    " bytes, the file has " + std::to_string(have),
-                error);
-  }
-  if (have > need) {
-    return Fail(name,
-                std::to_string(have - need) +
-                    " unexpected bytes after the data of shape " +
-                    ShapeString(header.shape),
-                error);
-  }
-  const uint8_t* payload = data + prefix + header_len;
-  Array result;
-  result.descr = header.descr;
-  result.type = type;
-  result.shape = header.shape;
-  const size_t n = static_cast<size_t>(count);
-  switch (type) {
-    case ElementType::kF32:
-      result.f32.resize(n);
-      if (n > 0) std::memcpy(result.f32.data(), payload, n * 4);
-      break;
-    case ElementType::kF16:
-      result.f32.resize(n);
-      for (size_t i = 0; i < n; ++i) {
-        const uint16_t bits = static_cast<uint16_t>(
-            payload[2 * i] | (static_cast<uint16_t>(payload[2 * i + 1]) << 8));
-        result.f32[i] = F16ToF32(bits);
-      }
-      break;
-    case ElementType::kBool:
-    case ElementType::kU8:
-      result.bytes.assign(payload, payload + n);
-      break;
-  }
-  *out = std::move(result);
+  *out = DecodePayload(header, type, data + prefix + header_len,
+                       static_cast<size_t>(count));
   return true;
 }
 
