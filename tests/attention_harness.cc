@@ -114,10 +114,10 @@ void CheckAllTargets(const Case& c, const Inputs& in) {
     SCOPED_TRACE(std::string(pack == PackPolicy::kAlways ? "packed" : "in place") +
                  " target " + target);
     ScopedPackPolicy policy(pack);
-    const Outputs out = RunFast(c, in, target);
+    Outputs out = RunFast(c, in, target);
     ASSERT_TRUE(out.status.ok()) << out.status.message;
     EXPECT_EQ(std::string(out.info.target), target);
-    ExpectBlockSizeOfTarget(c, out.info);
+    ExpectPlanOfTarget(c, in, &out);
     // The bound of the narrowest storage type (SEMANTICS.md), or the case's.
     EXPECT_LE(MaxError(out.o, o_ref, max_v),
               c.bound > 0.0 ? c.bound : OutputBound(Narrowest(c)));

@@ -92,10 +92,9 @@ struct ThreePools {
 // the logical elements).
 void ExpectPaddingUntouched(const Tensor& o);
 
-// Checks the task count of a call against the plan the library should have
-// made for it on the target that ran. Defined in plan_test.cc, the one file
-// that re-derives the plan.
-void ExpectBlockSizeOfTarget(const Case& c, const RunInfo& info);
+// Checks the task count and kernel path of a call against the plan MakePlan
+// gives it for the target that ran (defined in plan_test.cc).
+void ExpectPlanOfTarget(const Case& c, const Inputs& in, Outputs* out);
 
 // Compares the fast path on every target under test with the reference: O
 // within the bound of the narrowest storage type (or c.bound), LSE within

@@ -1,9 +1,7 @@
-// The library's plan, re-derived with the literal numbers of lib/api.cc:
-// query rows per block, key chunks for calls with few queries, and the task
-// counts they give. ExpectBlockSizeOfTarget checks the task count of every
-// case that CheckAllTargets runs; the tests here pin the counts of the cases
-// built around the scheduling. They are kept in this one file so that they
-// can ask the planner for its plan instead.
+// The plan a call gets (lib/plan.h): the task count and kernel path of
+// every case that CheckAllTargets runs are those MakePlan gives for the
+// target that ran, and the tests here pin the plans of the cases built
+// around the scheduling and the choice of path.
 
 #include <algorithm>
 #include <cstdint>
@@ -12,45 +10,125 @@
 
 #include "gtest/gtest.h"
 #include "lib/dtype.h"
+#include "lib/plan.h"
 #include "tests/attention_harness.h"
 
 namespace simdattn {
 namespace test {
 
-// The task count reveals the vector width of the code that ran (one task per
-// block of up to 4 vectors of query rows), so a target reported under the
-// wrong name fails here. SVE widths depend on the CPU and are not checked.
-void ExpectBlockSizeOfTarget(const Case& c, const RunInfo& info) {
-  const std::string t = info.target;
+// What a target's name says of its kernels: f32 lanes, the fused decode
+// loop (not on SVE, whose lane count is not static, nor on SCALAR), f16
+// widened in registers (hardware conversion: not SSSE3, SSE4 or SCALAR).
+// False for SVE targets, whose width depends on the CPU.
+bool CapsOfTarget(const std::string& t, TargetCaps* caps) {
   int64_t lanes = 0;
   if (t == "AVX3_BF16" || t == "AVX3_DL" || t == "AVX3") lanes = 16;
   if (t == "AVX2") lanes = 8;
-  if (t == "SSE4" || t == "SSSE3" || t == "NEON" || t == "SVE2_128") lanes = 4;
-  if (t == "SVE_256") lanes = 8;
+  if (t == "SSE4" || t == "SSSE3" || t == "NEON") lanes = 4;
   if (t == "SCALAR") lanes = 1;
-  if (lanes == 0) return;
-  // Blocks of 4 vectors over the G * Lq rows of each KV group; calls with at
-  // most 16 queries split more than 512 keys into chunks of 512, 1024 or
-  // 2048 keys: the longest that leave at least 64 tasks (lib/api.cc).
-  const int64_t group_rows = c.q_heads / c.kv_heads * c.q_len;
-  // Halved, down to one vector, while a group fills at most half a block.
-  int64_t rows = 4 * lanes;
-  while (group_rows * 2 <= rows && rows / 2 >= lanes) rows /= 2;
-  const int64_t groups = c.batch * c.kv_heads * ((group_rows + rows - 1) / rows);
-  int64_t chunks = 1;
-  if (c.q_len <= 16 && c.kv_len > 512) {
-    int64_t chunk = 512;
-    while (chunk < 2048 && groups * ((c.kv_len + 2 * chunk - 1) / (2 * chunk)) >= 64) {
-      chunk *= 2;
-    }
-    const int64_t min_chunk = (c.kv_len + 255) / 256;
-    chunk = std::max<int64_t>(chunk, (min_chunk + 63) / 64 * 64);
-    chunks = (c.kv_len + chunk - 1) / chunk;
-  }
-  EXPECT_EQ(info.num_tasks, groups * chunks) << "target " << t;
+  if (lanes == 0) return false;
+  caps->lanes = lanes;
+  caps->fused_decode = t != "SCALAR";
+  caps->f16_in_registers = t != "SSE4" && t != "SSSE3" && t != "SCALAR";
+  caps->fused_max_dk = 256;
+  return true;
+}
+
+// The task count reveals the vector width of the code that ran (one task
+// per block of up to 4 vectors of query rows), so a target reported under
+// the wrong name fails here.
+void ExpectPlanOfTarget(const Case& c, const Inputs& in, Outputs* out) {
+  TargetCaps caps;
+  if (!CapsOfTarget(out->info.target, &caps)) return;
+  Plan plan;
+  const Status s = PlanCall(in.q.View(), in.k.View(), in.v.View(),
+                            out->o.MutableView(), c.options, {}, caps, &plan);
+  ASSERT_TRUE(s.ok()) << s.message;
+  EXPECT_EQ(out->info.num_tasks, AttentionTaskCount(plan)) << "target " << out->info.target;
+  EXPECT_STREQ(out->info.path, KernelPathName(plan.path)) << "target " << out->info.target;
 }
 
 namespace {
+
+// The plan of case c for a target of `caps`.
+Plan PlanOf(const Case& c, const TargetCaps& caps) {
+  const Inputs in = MakeInputs(c, 1);
+  Tensor o(c.o_dtype, c.batch, c.q_heads, c.q_len, c.dv, c.layout, 0, 0);
+  Plan plan;
+  const Status s = PlanCall(in.q.View(), in.k.View(), in.v.View(), o.MutableView(),
+                            c.options, {}, caps, &plan);
+  EXPECT_TRUE(s.ok()) << s.message;
+  return plan;
+}
+
+Case DecodeCase(DType kv, int64_t d) {
+  Case c;
+  c.q_heads = 32;
+  c.kv_heads = 8;
+  c.q_len = 1;
+  c.kv_len = 4096;
+  c.dk = c.dv = d;
+  c.kv_dtype = kv;
+  return c;
+}
+
+// Which kernel runs: the tiled one for prefill; for one query per head the
+// decode path (while the group's rows fill at most 2 vectors), fused for
+// 16-bit K/V the target widens in registers without
+// options and with head dims of whole vectors; speculative decoding (a few
+// queries per head) on the decode path up to 16 rows per group.
+TEST(PlanTest, KernelPaths) {
+  const TargetCaps avx512{16, true, true, 256};
+  const TargetCaps sse4{4, true, false, 256};
+  const TargetCaps scalar{1, false, false, 0};
+  EXPECT_EQ(PlanOf(DecodeCase(DType::kBF16, 128), avx512).path, KernelPath::kDecodeFused);
+  EXPECT_EQ(PlanOf(DecodeCase(DType::kF16, 128), avx512).path, KernelPath::kDecodeFused);
+  EXPECT_EQ(PlanOf(DecodeCase(DType::kF16, 128), sse4).path, KernelPath::kDecode);
+  EXPECT_EQ(PlanOf(DecodeCase(DType::kBF16, 128), sse4).path, KernelPath::kDecodeFused);
+  // One lane: a group of 4 rows needs more than 2 vectors, so it is tiled.
+  EXPECT_EQ(PlanOf(DecodeCase(DType::kBF16, 128), scalar).path, KernelPath::kTiled);
+  EXPECT_EQ(PlanOf(DecodeCase(DType::kF32, 128), avx512).path, KernelPath::kDecode);
+  EXPECT_EQ(PlanOf(DecodeCase(DType::kBF16, 72), avx512).path, KernelPath::kDecode);
+  EXPECT_EQ(PlanOf(DecodeCase(DType::kBF16, 512), avx512).path, KernelPath::kDecode);
+  Case soft = DecodeCase(DType::kBF16, 128);
+  soft.options.softcap = 30.0f;
+  EXPECT_EQ(PlanOf(soft, avx512).path, KernelPath::kDecode);
+  Case spec = DecodeCase(DType::kBF16, 64);
+  spec.q_len = 4;  // 16 rows per group
+  spec.options.causal = true;
+  spec.options.alignment = Alignment::kBottomRight;
+  EXPECT_EQ(PlanOf(spec, avx512).path, KernelPath::kDecode);
+  spec.q_len = 5;  // 20 rows
+  EXPECT_EQ(PlanOf(spec, avx512).path, KernelPath::kTiled);
+  Case prefill = DecodeCase(DType::kBF16, 64);
+  prefill.q_len = prefill.kv_len = 300;
+  const Plan p = PlanOf(prefill, avx512);
+  EXPECT_EQ(p.path, KernelPath::kTiled);
+  EXPECT_EQ(p.block_rows, 64);
+  EXPECT_EQ(p.num_blocks, 4 * 300 / 64 + 1);
+  EXPECT_EQ(p.num_chunks, 1);
+  EXPECT_TRUE(p.pack_kv);  // 16-bit K/V are packed once per group
+}
+
+// Key chunks: 512 keys while that leaves 64 tasks or fewer; longer chunks
+// (up to 2048) while the call still has 64; at most 256 chunks.
+TEST(PlanTest, DecodeChunks) {
+  const TargetCaps avx512{16, true, true, 256};
+  Case c = DecodeCase(DType::kBF16, 16);  // 8 groups
+  Plan p = PlanOf(c, avx512);
+  EXPECT_EQ(p.chunk_keys, 512);
+  EXPECT_EQ(p.num_chunks, 8);
+  c.batch = 16;  // 128 groups: chunks double up to 2048
+  c.kv_len = 8192;
+  p = PlanOf(c, avx512);
+  EXPECT_EQ(p.chunk_keys, 2048);
+  EXPECT_EQ(p.num_chunks, 4);
+  c.batch = 1;
+  c.kv_len = 512;  // one chunk of all keys
+  p = PlanOf(c, avx512);
+  EXPECT_EQ(p.num_chunks, 1);
+  EXPECT_EQ(AttentionTaskCount(p), 8);
+}
 
 // Many (batch, KV head) groups of several query blocks each: the threads
 // take whole groups at a time and the last groups block by block (RunWave in
