@@ -21,6 +21,7 @@
 #include "lib/dtype.h"
 #include "lib/kernels/convert-inl.h"
 #include "lib/kernels/exp-inl.h"
+#include "lib/kernels/online_softmax-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace simdattn {
@@ -651,8 +652,6 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
                            float* HWY_RESTRICT m, float* HWY_RESTRICT l,
                            float* HWY_RESTRICT o, const Mods& mods = Mods(),
                            int64_t run_rows = 0) {
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const float neg_inf = -std::numeric_limits<float>::infinity();
   constexpr int64_t kElem = static_cast<int64_t>(sizeof(KvElem<kKv>));
   // Only the first group of 4 rows streams the tile from memory and
   // prefetches ahead; the groups after it read the tile again from cache.
@@ -670,52 +669,12 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
     } else {
       DecodeScoresRows<kKv, kRuns>(d, n, qr, dk, k, k_row, run_rows, nk, pf, s);
     }
-    // Online softmax per row (the recurrence of online_softmax-inl.h).
+    // Online softmax per row (SoftmaxRow, online_softmax-inl.h).
     for (int64_t t = 0; t < n; ++t) {
       const int64_t r = r0 + t;
       float* HWY_RESTRICT sr = s + t * nk;
       if constexpr (Mods::kActive) mods.Scores(r, nk, sr);
-      auto vmax = hn::Set(d, neg_inf);
-      auto vnan = hn::Zero(d);  // all-ones lanes where a score was NaN
-      // (Loops to nk_vec, then from it: with nk a constant 64, GCC 12
-      // warned of undefined behavior in the tail loops written as j + N <= nk.)
-      const int64_t nk_vec = nk / N * N;
-      int64_t j = 0;
-      for (; j < nk_vec; j += N) {
-        const auto x = hn::LoadU(d, sr + j);
-        vmax = hn::Max(vmax, x);
-        vnan = hn::Or(vnan, hn::VecFromMask(d, hn::Ne(x, x)));
-      }
-      float mx = hn::GetLane(hn::MaxOfLanes(d, vmax));
-      bool nan = !hn::AllTrue(d, hn::Eq(vnan, hn::Zero(d)));
-      for (; j < nk; ++j) {
-        if (std::isnan(sr[j])) nan = true;
-        mx = std::max(mx, sr[j]);
-      }
-      const float m_old = m[r];
-      float m_new = std::max(m_old, mx);
-      if (nan || std::isnan(m_old)) m_new = std::numeric_limits<float>::quiet_NaN();
-      const float m_sub = m_new == neg_inf ? 0.0f : m_new;
-      const auto vsub = hn::Set(d, m_sub);
-      auto vsum = hn::Zero(d);
-      for (j = 0; j < nk_vec; j += N) {
-        const auto p = ExpNonPositive(d, hn::Sub(hn::LoadU(d, sr + j), vsub));
-        hn::StoreU(p, d, sr + j);
-        vsum = hn::Add(vsum, p);
-      }
-      float sum = hn::GetLane(hn::SumOfLanes(d, vsum));
-      for (j = nk_vec; j < nk; ++j) {
-        const float x = sr[j] - m_sub;
-        const float p = std::isnan(x) ? x : (x < -87.0f ? 0.0f : std::exp(x));
-        sr[j] = p;
-        sum += p;
-      }
-      const float alpha =
-          m_old == neg_inf ? 0.0f
-                           : (std::isnan(m_new) ? m_new : std::exp(m_old - m_sub));
-      l[r] = l[r] * alpha + sum;
-      m[r] = m_new;
-      scale[t] = alpha;
+      scale[t] = SoftmaxRow(d, sr, nk, m[r], l[r]);
       if constexpr (Mods::kActive) mods.Weights(r, nk, sr);
     }
     float* orows = o + r0 * dv;
@@ -740,11 +699,10 @@ HWY_INLINE void DecodeTile(D d, int64_t rows, const float* HWY_RESTRICT q,
 #if SIMDATTN_DECODE_BLOCK_REDUCE
 #define SIMDATTN_HAVE_DECODE_FUSED 1
 
-// The exact online-softmax step of rows [0, kRows) for a group of 4 keys
-// (scores s[r * 4 + c]) up to the weights, as DecodeTile's tile step with
-// nk = 4: the rows' new maxima into m and mrep (repeated per key), l and
-// the rows of o scaled by their factor, and the maxima to subtract into
-// msub (0 for a row that has seen only -inf). The fused loop's rare path:
+// The exact online-softmax step (ScalarStep) of rows [0, kRows) for a group
+// of 4 keys (scores s[r * 4 + c]) up to the weights: the rows' new maxima
+// into m and mrep (repeated per key), l and the rows of o scaled by alpha,
+// and the maxima to subtract into msub. The fused loop's rare path:
 // the first group, a rising maximum, NaN or infinite scores.
 template <int kRows, class D>
 HWY_NOINLINE void FusedGroupMaxima(D d, const float* HWY_RESTRICT s, int64_t dv,
@@ -752,27 +710,22 @@ HWY_NOINLINE void FusedGroupMaxima(D d, const float* HWY_RESTRICT s, int64_t dv,
                                    float* HWY_RESTRICT o, float* HWY_RESTRICT mrep,
                                    float* HWY_RESTRICT msub) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const float neg_inf = -std::numeric_limits<float>::infinity();
   for (int64_t r = 0; r < kRows; ++r) {
     const float* sr = s + r * 4;
-    float mx = neg_inf;
+    float mx = -std::numeric_limits<float>::infinity();
     bool nan = false;
     for (int64_t c = 0; c < 4; ++c) {
       if (std::isnan(sr[c])) nan = true;
       mx = std::max(mx, sr[c]);
     }
-    const float m_old = m[r];
-    float m_new = std::max(m_old, mx);
-    if (nan || std::isnan(m_old)) m_new = std::numeric_limits<float>::quiet_NaN();
-    const float m_sub = m_new == neg_inf ? 0.0f : m_new;
+    const ScalarStep step = OnlineStep(m[r], mx, nan);
     for (int64_t c = 0; c < 4; ++c) {
-      mrep[r * 4 + c] = m_new;
-      msub[r * 4 + c] = m_sub;
+      mrep[r * 4 + c] = step.m_new;
+      msub[r * 4 + c] = step.m_sub;
     }
-    m[r] = m_new;
-    if (m_new == m_old) continue;  // factor 1
-    const float alpha =
-        m_old == neg_inf ? 0.0f : (std::isnan(m_new) ? m_new : std::exp(m_old - m_sub));
+    m[r] = step.m_new;
+    if (step.m_new == step.m_old) continue;  // alpha is 1
+    const float alpha = step.Alpha();
     l[r] *= alpha;
     float* HWY_RESTRICT orow = o + r * dv;
     const auto va = hn::Set(d, alpha);
