@@ -57,15 +57,38 @@ struct AmxPackedKv {
   }
 };
 
-// Packs group `group` in AmxPackedKv's layout into dst.
+// dst[c * dst_stride + r] = rows[r][c] for r < 16 and c < cols, in u32
+// units: 16 x 16 blocks through Transpose16x16, the last columns one by one.
+inline void Transpose16Rows(const uint32_t* const* rows, int64_t cols,
+                            uint32_t* HWY_RESTRICT dst, int64_t dst_stride) {
+  const hn::Full512<float> d16;
+  int64_t c = 0;
+  for (; c + 16 <= cols; c += 16) {
+    hn::Vec<decltype(d16)> v[16];
+    for (int r = 0; r < 16; ++r) {
+      v[r] = hn::LoadU(d16, reinterpret_cast<const float*>(rows[r] + c));
+    }
+    Transpose16x16(v);  // v[k]: column c + k of the 16 rows
+    for (int k = 0; k < 16; ++k) {
+      hn::StoreU(v[k], d16, reinterpret_cast<float*>(dst + (c + k) * dst_stride));
+    }
+  }
+  for (; c < cols; ++c) {
+    for (int r = 0; r < 16; ++r) dst[c * dst_stride + r] = rows[r][c];
+  }
+}
+
+// Packs group `group` in AmxPackedKv's layout into dst. Vᵀ goes 32 keys at
+// a time: pairs of keys along the value dims (PairValueRows, into scratch:
+// 16 x Dv u32), then transposed, so that a row of Vᵀ holds consecutive keys.
 inline void PackKvAmx(const AttentionArgs& a, int64_t group,
-                      float* HWY_RESTRICT dst) {
+                      float* HWY_RESTRICT dst, float* HWY_RESTRICT scratch) {
   const int64_t b = group / a.kv_heads;
   const int64_t hkv = group % a.kv_heads;
   const int64_t n = a.kv_lengths != nullptr ? a.kv_lengths[b] : a.kv_len;
   const AmxPackedKv p(a, dst);
   uint16_t* k = const_cast<uint16_t*>(p.k);
-  uint16_t* vt = const_cast<uint16_t*>(p.vt);
+  uint32_t* vt = reinterpret_cast<uint32_t*>(const_cast<uint16_t*>(p.vt));
   const KvRows src(a, b, hkv);
   const int64_t dk = a.head_dim_qk, dv = a.head_dim_v;
   std::memset(k, 0, static_cast<size_t>((p.keys * p.dk32 + p.dv32 * p.keys) * 2));
@@ -73,16 +96,16 @@ inline void PackKvAmx(const AttentionArgs& a, int64_t group,
     std::memcpy(k + j * p.dk32, reinterpret_cast<const uint16_t*>(src.k) + j * a.k_strides[2],
                 static_cast<size_t>(dk) * 2);
   }
-  // Vᵀ in blocks of 32 keys x 32 value dims, so that both sides stay in L1.
+  uint32_t* pairs = reinterpret_cast<uint32_t*>(scratch);
+  const uint32_t* rows[16];
   for (int64_t j0 = 0; j0 < n; j0 += 32) {
-    const int64_t j1 = std::min(n, j0 + 32);
-    for (int64_t e0 = 0; e0 < dv; e0 += 32) {
-      const int64_t e1 = std::min(dv, e0 + 32);
-      for (int64_t j = j0; j < j1; ++j) {
-        const uint16_t* row = reinterpret_cast<const uint16_t*>(src.v) + j * a.v_strides[2];
-        for (int64_t e = e0; e < e1; ++e) vt[e * p.keys + j] = row[e];
-      }
-    }
+    const int64_t nk = std::min<int64_t>(32, n - j0);
+    PairValueRows(reinterpret_cast<const uint16_t*>(src.v) + j0 * a.v_strides[2],
+                  a.v_strides[2], nk, dv, pairs);
+    const int64_t np = (nk + 1) / 2;
+    std::fill(pairs + np * dv, pairs + 16 * dv, 0u);
+    for (int r = 0; r < 16; ++r) rows[r] = pairs + r * dv;
+    Transpose16Rows(rows, dv, vt + j0 / 2, p.keys / 2);
   }
 }
 
@@ -219,10 +242,27 @@ struct AmxProducts {
 
   uint32_t* qt2() const { return reinterpret_cast<uint32_t*>(s.qt); }
 
+  // qt2[p][r]: head dims 2p, 2p + 1 of row r's query, zero past Dk: whole
+  // pairs 16 rows at a time through Transpose16Rows, the rest one by one.
   void PackQueries(int64_t b, const RowTable& rt) {
-    PackQueriesBf16(a, b, rt, s.mq, qt2());
-    const int64_t dk2 = (a.head_dim_qk + 1) / 2;
-    std::fill(qt2() + dk2 * s.mq, qt2() + packed.dk32 / 2 * s.mq, 0u);
+    const int64_t dk = a.head_dim_qk, whole = dk / 32 * 16;
+    std::fill(qt2(), qt2() + packed.dk32 / 2 * s.mq, 0u);
+    const uint32_t* rows[16];
+    for (int64_t r0 = 0; r0 < s.mq; r0 += 16) {
+      for (int t = 0; t < 16; ++t) {
+        const int64_t r = r0 + t;
+        rows[t] = reinterpret_cast<const uint32_t*>(
+            static_cast<const uint16_t*>(a.q) + b * a.q_strides[0] +
+            rt.head[r] * a.q_strides[1] + rt.query[r] * a.q_strides[2]);
+      }
+      Transpose16Rows(rows, whole, qt2() + r0, s.mq);
+      for (int t = 0; t < 16; ++t) {
+        const uint16_t* q = reinterpret_cast<const uint16_t*>(rows[t]);
+        for (int64_t i = 2 * whole; i < dk; ++i) {
+          qt2()[(i / 2) * s.mq + r0 + t] |= static_cast<uint32_t>(q[i]) << (16 * (i % 2));
+        }
+      }
+    }
   }
   void Load(int64_t, int64_t, int64_t) {}
   void Scores(int64_t kv_begin, int64_t nk) const {

@@ -252,7 +252,7 @@ inline void PackKv(const AttentionArgs& a, const Plan& plan, int64_t group,
                    float* HWY_RESTRICT dst, float* HWY_RESTRICT scratch) {
 #if SIMDATTN_AMX
   if (AmxCall<kPath>(a, plan)) {
-    PackKvAmx(a, group, dst);
+    PackKvAmx(a, group, dst, scratch);
     return;
   }
 #endif
