@@ -166,7 +166,7 @@ void RunPackTask(void* arg, int64_t i) {
   float* scratch = TaskScratch(job);
   if (scratch == nullptr) return;
   const AttentionArgs& a = *job->args;
-  float* dst = job->wave.packed + i * PackedGroupFloats(a);
+  float* dst = job->wave.packed + i * job->plan->packed_group_floats;
   job->kernels->pack_kv(a, *job->plan, job->wave.packed_first_group + i, dst, scratch);
 }
 
@@ -176,16 +176,15 @@ void RunPackTask(void* arg, int64_t i) {
 // depend on the waves (or the thread count).
 void RunAttentionTasks(const ExecutionOptions& exec, Job* job,
                        ScratchLease* packed) {
-  const AttentionArgs& a = *job->args;
   const Plan& plan = *job->plan;
   const int64_t groups = plan.groups;
   const int64_t per_group = plan.num_blocks * plan.num_chunks;
   int64_t wave = 0;
   if (plan.pack_kv) {
-    const int64_t group_bytes = PackedGroupFloats(a) * int64_t{sizeof(float)};
+    const int64_t group_bytes = plan.packed_group_floats * int64_t{sizeof(float)};
     wave = std::max<int64_t>(ExecutorThreads(exec), kPackedWaveBytes / group_bytes);
     wave = std::min(wave, groups);
-    job->wave.packed = packed->Get(static_cast<size_t>(wave * PackedGroupFloats(a)));
+    job->wave.packed = packed->Get(static_cast<size_t>(wave * plan.packed_group_floats));
   }
   if (job->wave.packed == nullptr) {  // not packed, or no memory for it
     RunWave(exec, 0, groups * per_group, job);

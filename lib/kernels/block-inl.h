@@ -57,9 +57,10 @@ inline ScratchLayout MakeLayout(int64_t head_dim_qk, int64_t head_dim_v) {
     at += RoundUpTo(floats, kScratchAlign);
     return start;
   };
-  s.qt = take(head_dim_qk * mq);
+  // Head dims rounded up to 32 for the AMX tiles (zero padding).
+  s.qt = take(RoundUpTo(head_dim_qk, 32) * mq);
   s.st = take(kKeyTile * mq);
-  s.acc = take(head_dim_v * mq);
+  s.acc = take(RoundUpTo(head_dim_v, 32) * mq);
   s.m = take(mq);
   s.l = take(mq);
   s.alpha = take(mq);
@@ -197,6 +198,20 @@ struct IndexCuts {
   bool has_hi = false, has_lo = false;
   int64_t hi_shift = 0, lo_shift = 0;
   int64_t hi_first = 0, lo_last = 0;
+};
+
+// The scratch of one tiled task (ScratchLayout's regions).
+struct TileScratch {
+  int cols;     // vectors of queries in the block
+  int64_t mq;   // block rows
+  float* qt;    // Qt [Dk][mq], scaled
+  float* st;    // S^T, then P^T [kKeyTile][mq]
+  float* acc;   // O^T [Dv][mq]
+  float* m;
+  float* l;
+  float* alpha;
+  float* ktile;
+  float* vtile;
 };
 
 // One task's block of query rows and the keys they see (SEMANTICS.md): key
