@@ -156,7 +156,8 @@ std::vector<TargetEntry> BuildTable() {
                                                 : KernelsForTarget(bit);
     if (kernels == nullptr) continue;
     const bool avx3 = (supported & HWY_AVX3) != 0;
-    const bool runs = bit == kAmx ? avx3 && (g_amx_emulation || CpuRunsAmx())
+    const bool runs = bit == kAmx ? avx3 && (g_amx_emulation ||
+                                             (CpuRunsAmx() && CpuHasAvx512Bf16()))
                       : native    ? avx3 && CpuHasAvx512Bf16()
                                   : (supported & bit) != 0;
     const bool preferred = !native || CpuPrefersNativeBf16();

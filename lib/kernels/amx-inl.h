@@ -234,6 +234,10 @@ HWY_INLINE void WeightsToPairs(D d, float* HWY_RESTRICT st, int64_t nk,
 // afterwards), P is rounded to bf16 for P·V as on the AVX3_BF16 entry.
 template <class Tiles>
 struct AmxProducts {
+  // Keys per tile: each tile loads and stores the O^T accumulators once, so
+  // longer tiles spend less of the products' time on them.
+  static constexpr int64_t kKeys = 128;
+  static_assert(kKeys <= kMaxKeyTile, "scratch");
   const AttentionArgs& a;
   const KvRows& src;
   const AmxPackedKv& packed;
@@ -304,7 +308,14 @@ struct AmxProducts {
         }
       }
     }
-    WeightsToPairs(d, s.st, nk, blocks * 16, s.mq);
+    if constexpr (std::is_same_v<Tiles, amx::HardwareTiles>) {
+      // vcvtne2ps2bf16 (every AMX CPU has AVX512_BF16), then zero pairs.
+      WeightsToBf16Pairs(s.st, nk, s.mq);
+      uint32_t* p = reinterpret_cast<uint32_t*>(s.st);
+      std::fill(p + (nk + 1) / 2 * s.mq, p + blocks * 16 * s.mq, 0u);
+    } else {
+      WeightsToPairs(d, s.st, nk, blocks * 16, s.mq);
+    }
     const uint32_t* pairs = reinterpret_cast<const uint32_t*>(s.st);
     if constexpr (std::is_same_v<Tiles, amx::HardwareTiles>) {
       AmxValuesHw(packed, kv_begin, blocks, pairs, s.mq, s.acc);

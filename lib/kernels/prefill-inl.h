@@ -58,6 +58,7 @@ HWY_INLINE void ValuesF32(D d, const TileScratch& s, int64_t dv,
 
 // f32 products on tiles read from K/V's storage (widened when 16-bit).
 struct TileProducts {
+  static constexpr int64_t kKeys = kKeyTile;
   const AttentionArgs& a;
   const KvRows& src;
   const TileScratch& s;
@@ -86,6 +87,7 @@ struct TileProducts {
 
 // f32 products on the group's packed K/V.
 struct PackedProducts {
+  static constexpr int64_t kKeys = kKeyTile;
   const AttentionArgs& a;
   const PackedKv& packed;
   const TileScratch& s;
@@ -117,6 +119,7 @@ struct PackedProducts {
 // P·V; K/V packed (PackKvBf16) or paired tile by tile from storage. The
 // scratch regions of Qt, ktile and vtile hold the pairs.
 struct NativeBf16Products {
+  static constexpr int64_t kKeys = kKeyTile;
   const AttentionArgs& a;
   const KvRows& src;
   const PackedKv& packed;  // packed.k null: tiles from storage
@@ -196,8 +199,9 @@ HWY_INLINE void TileLoop(const AttentionArgs& a, const BlockTask& t,
                          Products& products) {
   const hn::ScalableTag<float> d;
   const bool has_mask = a.mask_kind != MaskKind::kNone;
-  for (int64_t kv_begin = kv_start; kv_begin < kv_end; kv_begin += kKeyTile) {
-    const int64_t nk = std::min(kKeyTile, kv_end - kv_begin);
+  constexpr int64_t kKeys = Products::kKeys;  // keys per tile
+  for (int64_t kv_begin = kv_start; kv_begin < kv_end; kv_begin += kKeys) {
+    const int64_t nk = std::min(kKeys, kv_end - kv_begin);
     const MaskTile mtile = has_mask ? MaskTileRows(d, a, &mask, kv_begin, nk)
                                     : MaskTile{true, false, false};
     if (!mtile.visible) continue;
@@ -221,7 +225,7 @@ HWY_INLINE void TiledBlock(const AttentionArgs& a, const Plan& plan,
   products.PackQueries(t.b, rt);  // padding lanes repeat a valid row
   std::fill(s.acc, s.acc + a.head_dim_v * s.mq, 0.0f);
   InitRowState(a, plan, rt, s.mq, s.m, s.l);
-  MaskBlock mask(scratch + lay.mask, s.mq, kKeyTile);
+  MaskBlock mask(scratch + lay.mask, s.mq, Products::kKeys);
   if (a.mask_kind != MaskKind::kNone) mask.Init(a, t.b, rt);
   TileLoop(a, t, rt, mask, s, kv_start, kv_end, products);
   if (plan.num_chunks > 1) {
