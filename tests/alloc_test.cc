@@ -14,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "lib/reference.h"
+#include "simdattn/simdattn.h"
 #include "tests/attention_harness.h"
 
 extern "C" {
@@ -175,6 +176,66 @@ TEST(AllocTest, CallWithWorkspaceAllocatesNothing) {
   }
   std::printf("alloc test: %lld calls with a workspace, 0 allocations\n",
               static_cast<long long>(calls));
+}
+
+simdattn_tensor ToC(const TensorView& v) {
+  simdattn_tensor t;
+  t.data = const_cast<void*>(v.data);
+  t.dtype = static_cast<int32_t>(v.dtype);
+  for (int i = 0; i < 4; ++i) {
+    t.shape[i] = v.shape[i];
+    t.strides[i] = v.strides[i];
+  }
+  return t;
+}
+
+// The same through the C API, whose shim adds its conversions, checks and
+// the per-thread error message: int32 kv lengths (widened in the
+// workspace), ALiBi slopes and sinks with their lengths.
+TEST(AllocTest, CApiCallWithWorkspaceAllocatesNothing) {
+  Case c = Cases()[3];
+  const Inputs in = MakeInputs(c, 5300);
+  Tensor o(DType::kF32, c.batch, c.q_heads, c.q_len, c.dv);
+  const simdattn_tensor q = ToC(in.q.View()), k = ToC(in.k.View()),
+                        v = ToC(in.v.View()), out = ToC(o.MutableView());
+  const int32_t lens[2] = {90, 47};
+  simdattn_options options;
+  simdattn_options_init(&options);
+  options.causal = 1;
+  options.alignment = SIMDATTN_ALIGN_BOTTOM_RIGHT;
+  options.kv_lengths = lens;
+  options.kv_lengths_dtype = SIMDATTN_I32;
+  options.num_kv_lengths = 2;
+  const float per_head[4] = {0.5f, 0.25f, -1.0f, 0.0f};
+  options.alibi_slopes = per_head;
+  options.num_alibi_slopes = 4;
+  options.sinks = per_head;
+  options.num_sinks = 4;
+  simdattn_pool* pool = simdattn_pool_create(2);
+  ASSERT_NE(pool, nullptr);
+  for (const std::string& target : TestTargets()) {
+    SCOPED_TRACE(target);
+    simdattn_exec exec;
+    simdattn_exec_init(&exec);
+    exec.pool = pool;
+    exec.max_target = target.c_str();
+    size_t bytes = 0;
+    ASSERT_EQ(simdattn_workspace_size(&q, &k, &v, &options, &exec, &bytes), SIMDATTN_OK);
+    std::vector<uint8_t> workspace(bytes);
+    exec.workspace = workspace.data();
+    exec.workspace_bytes = bytes;
+    simdattn_run_info info;
+    info.struct_size = sizeof(info);
+    ASSERT_EQ(simdattn_attention(&q, &k, &v, &out, &options, nullptr, &exec, &info),
+              SIMDATTN_OK);
+    RecordTargetRun(info.target);
+    AllocCount count;
+    const int status = simdattn_attention(&q, &k, &v, &out, &options, nullptr, &exec, &info);
+    EXPECT_EQ(count.Stop(), 0);
+    EXPECT_EQ(status, SIMDATTN_OK) << simdattn_last_error();
+    EXPECT_EQ(std::string(info.target), target);
+  }
+  simdattn_pool_destroy(pool);
 }
 
 // The counter does see the library allocate: a call without a workspace
