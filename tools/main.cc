@@ -116,11 +116,8 @@ int PrintInfo() {
   }
   std::string selected;
   const Status s = SelectedTarget(&selected);
-  if (!s.ok()) {
-    std::cout << std::flush;
-    return Error(s.message);
-  }
   std::cout << "selected target: " << selected << std::endl;
+  if (!s.ok()) return Error(s.message);  // a SIMDATTN_MAX_TARGET of no target
   const std::vector<std::string> available = AvailableTargets();
   if ((env == nullptr || env[0] == '\0') && !available.empty() &&
       available.front() == "AVX3_BF16" && selected != "AVX3_BF16") {
