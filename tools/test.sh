@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds simdattn for x86-64 and aarch64, and runs
-# every test: natively on each x86 target this CPU has, and under qemu-user
-# for NEON, SVE (512, 256 bit) and SVE2 (128, 256, 512 bit).
+# every test: natively on each x86 target this CPU has (C++, C and the
+# Python package's pytest suite), under qemu-user for NEON, SVE (512, 256
+# bit) and SVE2 (128, 256, 512 bit), then against the installed package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/common.sh
 
 JOBS=${JOBS:-$(nproc)}
-ensure_packages "${NATIVE_PACKAGES[@]}" "${BENCH_PACKAGES[@]}"
+ensure_packages "${NATIVE_PACKAGES[@]}" "${BENCH_PACKAGES[@]}" "${PYTHON_PACKAGES[@]}"
 ensure_arm64_arch
 ensure_packages g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:arm64
 
@@ -29,7 +30,8 @@ echo "== x86 targets this CPU must run:$expect"
 
 echo "== configure x86-64 and aarch64"
 cmake -S . -B build/x86 -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DSIMDATTN_EXPECT_TARGETS="${expect# }" -DSIMDATTN_BUILD_BENCH=ON
+      -DSIMDATTN_EXPECT_TARGETS="${expect# }" -DSIMDATTN_BUILD_BENCH=ON \
+      -DSIMDATTN_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$PYTHON"
 cmake -S . -B build/arm64 -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
       -DSIMDATTN_BUILD_TOOLS=OFF -DSIMDATTN_BUILD_BENCH=OFF
@@ -85,6 +87,10 @@ package_check "C example (pkg-config, gcc -std=c99 -pedantic -Werror)" bash -c "
   gcc -std=c99 -pedantic -Wall -Wextra -Werror examples/decode.c -o build/consumer-c/decode_pc \
       \$(PKG_CONFIG_PATH=$PWD/build/prefix/lib/pkgconfig pkg-config --cflags --libs --static simdattn) &&
   build/consumer-c/decode_pc"
+package_check "Python package (cmake --install), its pytest suite" bash -c "
+  site=\$(dirname \$(dirname \$(find $PWD/build/prefix -path '*/simdattn/__init__.py'))) &&
+  cd build && PYTHONPATH=\$site SIMDATTN_EXPECT_TARGETS='${expect# }' \
+      $PYTHON -m pytest -q -p no:cacheprovider ../python/tests"
 echo "package: $package_passed passed, $package_failed failed"
 [ $package_failed -eq 0 ] || status=1
 
