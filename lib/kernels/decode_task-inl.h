@@ -114,8 +114,8 @@ HWY_INLINE void DecodeKeyTile(const AttentionArgs& a, const KvRows& src,
   if (src.type == Storage::kF16 && !kKvF16InRegisters) {
     PrefetchKvTile(a, src, kv_begin + kKeyTile, kKeyTile, kv_end);
     const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, r.ktile, r.vtile);
-    DecodeTile<0>(d, r.rows, r.q, dk, t.k, t.k_row, t.v, t.v_row, dv, nk, 0,
-                  r.s, r.m, r.l, r.o, mods);
+    DecodeTile<Storage::kF32>(d, r.rows, r.q, dk, t.k, t.k_row, t.v, t.v_row, dv, nk,
+                              0, r.s, r.m, r.l, r.o, mods);
     return;
   }
   // Rows that exist past this tile may be prefetched, even past the chunk
@@ -123,18 +123,18 @@ HWY_INLINE void DecodeKeyTile(const AttentionArgs& a, const KvRows& src,
   const int64_t prefetch_end = a.kv_len - kv_begin;
   if (src.type == Storage::kF32) {
     const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, r.ktile, r.vtile);
-    DecodeTile<0>(d, r.rows, r.q, dk, t.k, t.k_row, t.v, t.v_row, dv, nk,
-                  prefetch_end, r.s, r.m, r.l, r.o, mods);
+    DecodeTile<Storage::kF32>(d, r.rows, r.q, dk, t.k, t.k_row, t.v, t.v_row, dv, nk,
+                              prefetch_end, r.s, r.m, r.l, r.o, mods);
     return;
   }
   const uint16_t* k16 = reinterpret_cast<const uint16_t*>(src.k) + kv_begin * ks;
   const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.v) + kv_begin * vs;
   if (src.type == Storage::kF16) {
-    DecodeTile<1>(d, r.rows, r.q, dk, k16, ks, v16, vs, dv, nk, prefetch_end,
-                  r.s, r.m, r.l, r.o, mods);
+    DecodeTile<Storage::kF16>(d, r.rows, r.q, dk, k16, ks, v16, vs, dv, nk,
+                              prefetch_end, r.s, r.m, r.l, r.o, mods);
   } else {
-    DecodeTile<2>(d, r.rows, r.q, dk, k16, ks, v16, vs, dv, nk, prefetch_end,
-                  r.s, r.m, r.l, r.o, mods);
+    DecodeTile<Storage::kBF16>(d, r.rows, r.q, dk, k16, ks, v16, vs, dv, nk,
+                               prefetch_end, r.s, r.m, r.l, r.o, mods);
   }
 }
 
@@ -157,9 +157,11 @@ HWY_INLINE int64_t DecodeLeadingKeys(const AttentionArgs& a, const Plan& plan,
     const uint16_t* k16 = reinterpret_cast<const uint16_t*>(src.k) + kv_start * ks;
     const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.v) + kv_start * vs;
     if (src.type == Storage::kF16) {
-      DecodeFusedRows<1>(d, r.rows, r.q, dk, k16, ks, v16, vs, dv, n4, r.m, r.l, r.o);
+      DecodeFusedRows<Storage::kF16>(d, r.rows, r.q, dk, k16, ks, v16, vs, dv, n4, r.m,
+                                     r.l, r.o);
     } else {
-      DecodeFusedRows<2>(d, r.rows, r.q, dk, k16, ks, v16, vs, dv, n4, r.m, r.l, r.o);
+      DecodeFusedRows<Storage::kBF16>(d, r.rows, r.q, dk, k16, ks, v16, vs, dv, n4, r.m,
+                                      r.l, r.o);
     }
     return kv_start + n4;
   }
@@ -172,7 +174,7 @@ HWY_INLINE int64_t DecodeLeadingKeys(const AttentionArgs& a, const Plan& plan,
   const NoDecodeMods none;
   for (int64_t t = 0; t < run; t += kRun) {
     const int64_t first = kv_start + t;
-    DecodeTile<0, kDecodeRuns>(
+    DecodeTile<Storage::kF32, kDecodeRuns>(
         d, r.rows, r.q, dk, reinterpret_cast<const float*>(src.k) + first * ks, ks,
         reinterpret_cast<const float*>(src.v) + first * vs, vs, dv, kKeyTile,
         a.kv_len - first, r.s, r.m, r.l, r.o, none, run);
