@@ -128,6 +128,8 @@ def _vector(x, name, want, integer):
         import torch
         if x.device.type != "cpu":
             raise ValueError(f"{name} is on {x.device}: must be on the CPU")
+        if integer and (x.dtype.is_floating_point or x.dtype.is_complex):
+            raise ValueError(f"{name}.dtype = {x.dtype}: must be an integer type")
         if integer and x.dtype not in (torch.int32, torch.int64):
             x = x.to(torch.int64)
         if not integer and x.dtype != torch.float32:
@@ -137,6 +139,8 @@ def _vector(x, name, want, integer):
         code = _I32 if x.dtype == torch.int32 else _I64
     elif _is_numpy(x):
         import numpy as np
+        if integer and x.dtype.kind not in "iub":
+            raise ValueError(f"{name}.dtype = {x.dtype}: must be an integer type")
         if integer and x.dtype not in (np.int32, np.int64):
             x = x.astype(np.int64)
         if not integer and x.dtype != np.float32:

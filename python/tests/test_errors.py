@@ -54,6 +54,10 @@ def test_lengths_of_option_arrays_are_checked():
     expect_value_error(r"kv_lengths has shape \(1,\): must be \(B = 2,\)", kv_lengths=[7])
     expect_value_error(r"kv_lengths has shape \(2, 1\)", kv_lengths=np.array([[7], [7]]))
     expect_value_error(r"kv_lengths: ", kv_lengths=[7, "x"])
+    expect_value_error(r"kv_lengths.dtype = float64: must be an integer",
+                       kv_lengths=np.array([7.0, 6.5]))
+    expect_value_error(r"kv_lengths.dtype = torch.float32: must be an integer",
+                       kv_lengths=torch.tensor([7.0, 6.5]))
 
 
 def test_python_side_checks():
