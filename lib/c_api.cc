@@ -9,9 +9,9 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <string>
-#include <vector>
 
 #include "lib/dispatch.h"
 #include "simdattn/attention.h"
@@ -238,21 +238,29 @@ Status CWorkspaceSize(const simdattn_tensor* q, const simdattn_tensor* k,
   return simdattn::WorkspaceSize(ToView(*q), ToView(*k), ToView(*v), opt, ex, bytes);
 }
 
-// Names of the compiled and available targets, static for the process.
+// Names of the compiled and available targets, as the dispatch table has
+// them now (tests may switch the AMX entry to its emulator); the names are
+// static strings, the arrays live as long as the process.
 struct TargetNames {
-  std::vector<const char*> compiled, available;
+  const char* compiled[64];
+  const char* available[64];
+  int32_t num_compiled = 0;
+  int32_t num_available = 0;
 };
 
+std::mutex g_names_mutex;
+TargetNames g_names;
+
 const TargetNames& Names() {
-  static const TargetNames names = [] {
-    TargetNames n;
-    for (const TargetEntry& e : TargetTable()) {
-      n.compiled.push_back(e.name);
-      if (e.supported) n.available.push_back(e.name);
-    }
-    return n;
-  }();
-  return names;
+  std::lock_guard<std::mutex> lock(g_names_mutex);
+  TargetNames& n = g_names;
+  n.num_compiled = n.num_available = 0;
+  for (const TargetEntry& e : TargetTable()) {
+    if (n.num_compiled == 64) break;
+    n.compiled[n.num_compiled++] = e.name;
+    if (e.supported) n.available[n.num_available++] = e.name;
+  }
+  return n;
 }
 
 Status GetInfo(simdattn_info* info) {
@@ -263,15 +271,15 @@ Status GetInfo(simdattn_info* info) {
                    std::to_string(sizeof(simdattn_info)));
   }
   const TargetNames& n = Names();
-  info->compiled = n.compiled.data();
-  info->num_compiled = static_cast<int32_t>(n.compiled.size());
-  info->available = n.available.data();
-  info->num_available = static_cast<int32_t>(n.available.size());
+  info->compiled = n.compiled;
+  info->num_compiled = n.num_compiled;
+  info->available = n.available;
+  info->num_available = n.num_available;
   std::string selected;
   const Status s = SelectedTarget(&selected);
   info->selected = "";
-  for (const char* name : n.compiled) {
-    if (selected == name) info->selected = name;
+  for (int32_t i = 0; i < n.num_compiled; ++i) {
+    if (selected == n.compiled[i]) info->selected = n.compiled[i];
   }
   info->max_target_error = nullptr;
   if (!s.ok()) {

@@ -16,6 +16,10 @@
 #if HWY_ARCH_X86
 #include <cpuid.h>
 #endif
+#if HWY_ARCH_X86 && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace simdattn {
 namespace {
@@ -32,9 +36,13 @@ struct KnownTarget {
 // (AVX512_BF16, which Highway 1.0.3 has no target for), ranked above
 // AVX3_DL so that SIMDATTN_MAX_TARGET=AVX3_DL caps it off.
 constexpr int64_t kNativeBf16 = 0;
+// AVX3_AMX: AVX3's kernels with bf16 Q, K and V on AMX tiles, ranked above
+// AVX3_BF16.
+constexpr int64_t kAmx = -1;
 
 #if HWY_ARCH_X86
 constexpr KnownTarget kKnown[] = {
+    {"AVX3_AMX", kAmx},
     {"AVX3_BF16", kNativeBf16},
     {"AVX3_DL", HWY_AVX3_DL}, {"AVX3", HWY_AVX3},     {"AVX2", HWY_AVX2},
     {"SSE4", HWY_SSE4},       {"SSSE3", HWY_SSSE3},   {"EMU128", HWY_EMU128},
@@ -104,8 +112,34 @@ bool CpuPrefersNativeBf16() {
 #endif
 }
 
+// CPUID.(EAX=7, ECX=0):EDX bits 22 (AMX-BF16) and 24 (AMX-TILE), the OS
+// saving the tile state (XCR0 bits 17 and 18), and Linux's permission to use
+// it in this process (ARCH_REQ_XCOMP_PERM for XTILEDATA, asked once); a
+// refusal leaves the entry unavailable.
+bool CpuRunsAmx() {
+#if HWY_ARCH_X86 && defined(__linux__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  if (((edx >> 22) & 1u) == 0 || ((edx >> 24) & 1u) == 0) return false;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || ((ecx >> 27) & 1u) == 0) {
+    return false;  // no OSXSAVE: XGETBV would fault
+  }
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  asm volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if (((xcr0_lo >> 17) & 3u) != 3u) return false;
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
 // Cap set through SetMaxTarget: -1 = none (use the environment).
 std::atomic<int> g_api_cap{-1};
+
+std::mutex g_table_mutex;
+bool g_amx_emulation = false;
 
 std::vector<TargetEntry> BuildTable() {
   // SupportedTargets() lists SVE_256 / SVE2_128 only when the vector length
@@ -116,23 +150,39 @@ std::vector<TargetEntry> BuildTable() {
   hwy::GetChosenTarget().DeInit();
   std::vector<TargetEntry> table;
   for (int i = 0; i < kNumKnown; ++i) {
-    const bool native = kKnown[i].bit == kNativeBf16;
-    const TargetKernels* kernels =
-        native ? NativeBf16Kernels() : KernelsForTarget(kKnown[i].bit);
+    const int64_t bit = kKnown[i].bit;
+    const bool native = bit == kNativeBf16;
+    const TargetKernels* kernels = bit == kAmx  ? AmxKernels(g_amx_emulation)
+                                   : native     ? NativeBf16Kernels()
+                                                : KernelsForTarget(bit);
     if (kernels == nullptr) continue;
-    const bool runs = native ? (supported & HWY_AVX3) != 0 && CpuHasAvx512Bf16()
-                             : (supported & kKnown[i].bit) != 0;
+    const bool avx3 = (supported & HWY_AVX3) != 0;
+    const bool runs = bit == kAmx ? avx3 && (g_amx_emulation ||
+                                             (CpuRunsAmx() && CpuHasAvx512Bf16()))
+                      : native    ? avx3 && CpuHasAvx512Bf16()
+                                  : (supported & bit) != 0;
     const bool preferred = !native || CpuPrefersNativeBf16();
     table.push_back({kKnown[i].name, i, runs, preferred, kernels});
   }
   return table;
 }
 
+std::vector<TargetEntry>& MutableTable() {
+  static std::vector<TargetEntry> table = BuildTable();
+  return table;
+}
+
 }  // namespace
 
 const std::vector<TargetEntry>& TargetTable() {
-  static const std::vector<TargetEntry> table = BuildTable();
-  return table;
+  std::lock_guard<std::mutex> lock(g_table_mutex);
+  return MutableTable();
+}
+
+void SetAmxEmulation(bool on) {
+  std::lock_guard<std::mutex> lock(g_table_mutex);
+  g_amx_emulation = on;
+  MutableTable() = BuildTable();
 }
 
 namespace {

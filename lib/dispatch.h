@@ -26,6 +26,11 @@ struct TargetEntry {
 // Compiled entries, best first (built once).
 const std::vector<TargetEntry>& TargetTable();
 
+// Tests only, before any call: the AVX3_AMX entry runs the tile emulator
+// (amx_tiles.h) and is available on every CPU with AVX3, so that its
+// kernel runs where the CPU has no AMX; off, the tile instructions.
+void SetAmxEmulation(bool on);
+
 // The entry a call runs: the best supported one not ranked above the cap
 // (call_cap, the call's ExecutionOptions::max_target, when not null or "";
 // else SetMaxTarget's; else the SIMDATTN_MAX_TARGET environment variable,

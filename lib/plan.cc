@@ -96,9 +96,17 @@ void SplitKeys(const AttentionArgs& a, Plan* plan) {
   plan->num_chunks = (a.kv_len + plan->chunk_keys - 1) / plan->chunk_keys;
 }
 
-bool PackKv(const AttentionArgs& a, const Plan& plan) {
+bool AllBf16(const AttentionArgs& a) {
+  return a.q_type == Storage::kBF16 && a.kv_type == Storage::kBF16;
+}
+
+bool PackKv(const AttentionArgs& a, const Plan& plan, bool amx) {
   const PackPolicy policy = g_pack_policy.load(std::memory_order_relaxed);
-  const int64_t group_bytes = PackedGroupFloats(a) * int64_t{sizeof(float)};
+  const int64_t group_bytes = plan.packed_group_floats * int64_t{sizeof(float)};
+  if (amx) {  // the tiles read packed K/V only; in place they are widened
+    return plan.path == KernelPath::kTiled && policy != PackPolicy::kNever &&
+           group_bytes <= kPackedGroupMaxBytes;
+  }
   const bool worth_it =
       policy == PackPolicy::kAlways ||
       (policy == PackPolicy::kAuto &&
@@ -190,7 +198,9 @@ Plan MakePlan(const AttentionArgs& a, const TargetCaps& caps) {
                          static_cast<double>(a.head_dim_v);
   plan.stream_output = a.o_type == Storage::kF32 &&
                        o_bytes >= static_cast<double>(kStreamOutputBytes);
-  plan.pack_kv = PackKv(a, plan);
+  const bool amx = caps.amx && AllBf16(a);
+  plan.packed_group_floats = amx ? AmxPackedGroupFloats(a) : PackedGroupFloats(a);
+  plan.pack_kv = PackKv(a, plan, amx);
   return plan;
 }
 

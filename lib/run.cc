@@ -102,7 +102,7 @@ BufferSizes SizesOf(const ExecutionOptions& exec, const TargetKernels& kernels,
     s.partials = RoundUp(static_cast<size_t>(PartialFloats(plan, a.head_dim_v)) * sizeof(float));
   }
   if (plan.pack_kv) {
-    const int64_t group_bytes = PackedGroupFloats(a) * int64_t{sizeof(float)};
+    const int64_t group_bytes = plan.packed_group_floats * int64_t{sizeof(float)};
     s.wave = std::min(plan.groups, std::max<int64_t>(threads, kPackedWaveBytes / group_bytes));
     s.packed = static_cast<size_t>(s.wave * group_bytes);
   }
@@ -254,7 +254,7 @@ void RunPackTask(void* arg, int64_t i) {
   float* scratch = hold.data();
   if (scratch == nullptr) return;
   const AttentionArgs& a = *job->args;
-  float* dst = job->wave.packed + i * PackedGroupFloats(a);
+  float* dst = job->wave.packed + i * job->plan->packed_group_floats;
   job->kernels->pack_kv(a, *job->plan, job->wave.packed_first_group + i, dst, scratch);
 }
 

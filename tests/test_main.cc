@@ -10,11 +10,22 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "lib/dispatch.h"
 #include "simdattn/attention.h"
 #include "tests/test_util.h"
 
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
+  // Where the CPU has no AMX (or SIMDATTN_TEST_AMX_EMULATION=1 asks for it),
+  // the AVX3_AMX entry runs its tile emulator, so that its kernel is tested
+  // on every CPU with AVX-512.
+  const std::vector<std::string> hw = simdattn::AvailableTargets();
+  const char* force = std::getenv("SIMDATTN_TEST_AMX_EMULATION");
+  if ((force != nullptr && std::string(force) == "1") ||
+      std::find(hw.begin(), hw.end(), "AVX3_AMX") == hw.end()) {
+    simdattn::SetAmxEmulation(true);
+    simdattn::test::SetAmxEmulated(true);
+  }
   const int rc = RUN_ALL_TESTS();
 
   const std::set<std::string> ran = simdattn::test::TargetsRun();

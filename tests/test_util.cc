@@ -59,6 +59,13 @@ std::set<std::string> TargetsRun() {
   return RunSet();
 }
 
+namespace {
+bool g_amx_emulated = false;
+}  // namespace
+
+bool AmxEmulated() { return g_amx_emulated; }
+void SetAmxEmulated(bool on) { g_amx_emulated = on; }
+
 std::string ExpectedDefaultTarget() {
   const std::vector<std::string> avail = AvailableTargets();
   if (avail.empty()) return "";

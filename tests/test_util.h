@@ -20,6 +20,10 @@ namespace test {
 // True when SIMDATTN_TEST_QUICK is set (under qemu): sweeps use fewer shapes.
 bool QuickMode();
 
+// Whether this run's AVX3_AMX entry is the tile emulator (test_main.cc).
+bool AmxEmulated();
+void SetAmxEmulated(bool on);
+
 // The targets the correctness tests run on: AvailableTargets(), or when
 // SIMDATTN_TEST_TARGETS is set (a space-separated list, as each qemu CPU model
 // in tests/CMakeLists.txt sets it), only the available ones it names. Names it

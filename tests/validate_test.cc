@@ -395,9 +395,10 @@ TEST(TargetTest, CompiledTargetsIncludeAvailableOnes) {
   EXPECT_EQ(compiled.back(), "SCALAR");
 }
 
-// The native bf16 entry (AVX3_BF16) leads the x86 table, and it is available
-// exactly when the kernel reports avx512_bf16 for this CPU (a second opinion
-// on our CPUID check). Capping at AVX3_DL selects something else.
+// The AMX entry (AVX3_AMX) and then the native bf16 entry (AVX3_BF16) lead
+// the x86 table; AVX3_BF16 is available exactly when the kernel reports
+// avx512_bf16 for this CPU (a second opinion on our CPUID check). Capping
+// at AVX3_DL selects something else.
 TEST(TargetTest, NativeBf16EntryFollowsTheCpu) {
 #if defined(__x86_64__)
   const std::vector<std::string> compiled = CompiledTargets();
@@ -405,7 +406,9 @@ TEST(TargetTest, NativeBf16EntryFollowsTheCpu) {
   // Built wherever the compiler can and Highway's AVX3 target is compiled.
   const bool avx3 = std::find(compiled.begin(), compiled.end(), "AVX3") != compiled.end();
   if (SIMDATTN_NATIVE_BF16_COMPILER && avx3) {
-    EXPECT_EQ(compiled.front(), "AVX3_BF16");
+    ASSERT_GE(compiled.size(), 2u);
+    EXPECT_EQ(compiled[0], "AVX3_AMX");
+    EXPECT_EQ(compiled[1], "AVX3_BF16");
   }
   std::ifstream cpuinfo("/proc/cpuinfo");
   if (!cpuinfo) GTEST_SKIP() << "no /proc/cpuinfo to compare with";
@@ -424,7 +427,8 @@ TEST(TargetTest, NativeBf16EntryFollowsTheCpu) {
   const bool listed = std::find(avail.begin(), avail.end(), "AVX3_BF16") != avail.end();
   EXPECT_EQ(listed, flag && avx512f);
   if (listed) {
-    EXPECT_EQ(avail.front(), "AVX3_BF16");
+    const bool amx = avail.front() == "AVX3_AMX";
+    EXPECT_EQ(avail[amx ? 1 : 0], "AVX3_BF16");
     // Named, it runs on any CPU that has it; capped at AVX3_DL, never.
     ASSERT_TRUE(SetMaxTarget("AVX3_BF16").ok());
     std::string selected;

@@ -18,6 +18,7 @@ ensure_packages g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:ar
 flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
 has() { for f in "$@"; do [[ $flags == *" $f "* ]] || return 1; done; }
 expect=""
+has avx512f avx512vl avx512dq avx512bw amx_tile amx_bf16 && expect+=" AVX3_AMX"
 has avx512f avx512vl avx512dq avx512bw avx512_bf16 && expect+=" AVX3_BF16"
 has avx512f avx512vl avx512dq avx512bw avx512_vnni avx512vbmi avx512_vbmi2 \
     vaes vpclmulqdq avx512_bitalg avx512_vpopcntdq && expect+=" AVX3_DL"
@@ -53,6 +54,14 @@ status=0
 echo "== x86-64 tests"
 ctest --test-dir build/x86 --output-on-failure -j "$JOBS" || status=1
 grep -h "targets run" build/x86/Testing/Temporary/LastTest.log || status=1
+
+# Where the CPU has AMX, the suite above ran AVX3_AMX on the tiles; the
+# emulator that stands in for them elsewhere runs here too.
+if [[ $expect == *AVX3_AMX* ]]; then
+  echo "== x86-64 tests: AVX3_AMX on the tile emulator"
+  SIMDATTN_TEST_AMX_EMULATION=1 SIMDATTN_TEST_TARGETS=AVX3_AMX \
+    build/x86/tests/simdattn_tests --gtest_brief=1 || status=1
+fi
 
 echo "== aarch64 tests (qemu-user)"
 ctest --test-dir build/arm64 --output-on-failure -j "$JOBS" || status=1

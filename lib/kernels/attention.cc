@@ -19,6 +19,7 @@ TargetCaps Caps() {
   TargetCaps caps;
   caps.lanes = static_cast<int64_t>(hn::Lanes(d));
   caps.f16_in_registers = kKvF16InRegisters;
+  caps.amx = false;
 #if SIMDATTN_HAVE_DECODE_FUSED
   caps.fused_decode = true;
   caps.fused_max_dk = kFusedMaxDk;
@@ -35,10 +36,10 @@ size_t ScratchFloats(int64_t head_dim_qk, int64_t head_dim_v) {
   return ScratchFloatsImpl(head_dim_qk, head_dim_v);
 }
 
-template <bool kNative>
+template <Bf16Path kPath>
 void AttentionTask(const AttentionArgs& args, const Plan& plan,
                    const Wave& wave, int64_t task, float* scratch) {
-  AttentionTaskImpl<kNative>(args, plan, wave, task, scratch);
+  AttentionTaskImpl<kPath>(args, plan, wave, task, scratch);
 }
 
 void CombineTask(const AttentionArgs& args, const Plan& plan, const Wave& wave,
@@ -46,16 +47,16 @@ void CombineTask(const AttentionArgs& args, const Plan& plan, const Wave& wave,
   CombineTaskImpl(args, plan, wave, task);
 }
 
-template <bool kNative>
+template <Bf16Path kPath>
 void PackKvTask(const AttentionArgs& args, const Plan& plan, int64_t group,
                 float* dst, float* scratch) {
-  PackKv<kNative>(args, plan, group, dst, scratch);
+  PackKv<kPath>(args, plan, group, dst, scratch);
 }
 
 const TargetKernels* GetTargetKernels() {
   static const TargetKernels kKernels = {
-      &Caps, &QueryBlockRows, &ScratchFloats, &AttentionTask<false>,
-      &CombineTask, &PackKvTask<false>};
+      &Caps, &QueryBlockRows, &ScratchFloats, &AttentionTask<Bf16Path::kWidened>,
+      &CombineTask, &PackKvTask<Bf16Path::kWidened>};
   return &kKernels;
 }
 
@@ -63,9 +64,29 @@ const TargetKernels* GetTargetKernels() {
 // The AVX3_BF16 entry: AVX3's kernels with the native bf16 products.
 const TargetKernels* GetNativeBf16Kernels() {
   static const TargetKernels kKernels = {
-      &Caps, &QueryBlockRows, &ScratchFloats, &AttentionTask<true>,
-      &CombineTask, &PackKvTask<true>};
+      &Caps, &QueryBlockRows, &ScratchFloats, &AttentionTask<Bf16Path::kNative>,
+      &CombineTask, &PackKvTask<Bf16Path::kNative>};
   return &kKernels;
+}
+#endif
+
+#if SIMDATTN_AMX
+// The AVX3_AMX entry: AVX3's kernels with bf16 Q, K, V on AMX tiles.
+TargetCaps AmxCaps() {
+  TargetCaps caps = Caps();
+  caps.amx = true;
+  return caps;
+}
+
+const TargetKernels* GetAmxKernels(bool emulated) {
+  static const TargetKernels kHardware = {
+      &AmxCaps, &QueryBlockRows, &ScratchFloats, &AttentionTask<Bf16Path::kAmx>,
+      &CombineTask, &PackKvTask<Bf16Path::kAmx>};
+  static const TargetKernels kEmulated = {
+      &AmxCaps, &QueryBlockRows, &ScratchFloats,
+      &AttentionTask<Bf16Path::kAmxEmulated>, &CombineTask,
+      &PackKvTask<Bf16Path::kAmxEmulated>};
+  return emulated ? &kEmulated : &kHardware;
 }
 #endif
 
@@ -100,6 +121,15 @@ const TargetKernels* NativeBf16Kernels() {
 #if SIMDATTN_NATIVE_BF16_COMPILER && (HWY_TARGETS & HWY_AVX3)
   return N_AVX3::GetNativeBf16Kernels();
 #else
+  return nullptr;
+#endif
+}
+
+const TargetKernels* AmxKernels(bool emulated) {
+#if SIMDATTN_NATIVE_BF16_COMPILER && (HWY_TARGETS & HWY_AVX3) && defined(__x86_64__)
+  return N_AVX3::GetAmxKernels(emulated);
+#else
+  (void)emulated;
   return nullptr;
 #endif
 }

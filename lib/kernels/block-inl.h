@@ -29,6 +29,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 // 64 x 64 floats = 16 KiB, half of it (one pair of query vectors) in L1D per
 // product, next to half of the packed Qt (16 KiB at Dk = 128) or of O^T.
 constexpr int64_t kKeyTile = 64;
+// The longest key tile of any product kind: AMX's (amx-inl.h).
+constexpr int64_t kMaxKeyTile = 128;
 // Scratch regions start on this many floats (256 bytes: one SVE-2048 vector).
 constexpr int64_t kScratchAlign = 64;
 // Block rows are at most kQueryBlockVectors vectors of at most 64 lanes
@@ -57,17 +59,18 @@ inline ScratchLayout MakeLayout(int64_t head_dim_qk, int64_t head_dim_v) {
     at += RoundUpTo(floats, kScratchAlign);
     return start;
   };
-  s.qt = take(head_dim_qk * mq);
-  s.st = take(kKeyTile * mq);
-  s.acc = take(head_dim_v * mq);
+  // Head dims rounded up to 32 for the AMX tiles (zero padding).
+  s.qt = take(RoundUpTo(head_dim_qk, 32) * mq);
+  s.st = take(kMaxKeyTile * mq);
+  s.acc = take(RoundUpTo(head_dim_v, 32) * mq);
   s.m = take(mq);
   s.l = take(mq);
   s.alpha = take(mq);
   // f32 copies of one K and V tile when K/V are stored in 16 bits.
-  s.ktile = take(kKeyTile * head_dim_qk);
-  s.vtile = take(kKeyTile * head_dim_v);
+  s.ktile = take(kMaxKeyTile * head_dim_qk);
+  s.vtile = take(kMaxKeyTile * head_dim_v);
   s.rows = take(RowTable::Floats(mq));
-  s.mask = take(MaskBlock::Floats(mq, kKeyTile));
+  s.mask = take(MaskBlock::Floats(mq, kMaxKeyTile));
   s.total = at;
   return s;
 }
@@ -197,6 +200,20 @@ struct IndexCuts {
   bool has_hi = false, has_lo = false;
   int64_t hi_shift = 0, lo_shift = 0;
   int64_t hi_first = 0, lo_last = 0;
+};
+
+// The scratch of one tiled task (ScratchLayout's regions).
+struct TileScratch {
+  int cols;     // vectors of queries in the block
+  int64_t mq;   // block rows
+  float* qt;    // Qt [Dk][mq], scaled
+  float* st;    // S^T, then P^T [key tile][mq]
+  float* acc;   // O^T [Dv][mq]
+  float* m;
+  float* l;
+  float* alpha;
+  float* ktile;
+  float* vtile;
 };
 
 // One task's block of query rows and the keys they see (SEMANTICS.md): key

@@ -69,8 +69,10 @@ struct Plan {
   // f32 O written with streaming stores where a whole cache line goes at
   // once (outputs of at least kStreamOutputBytes).
   bool stream_output;
-  // K/V of each group packed once (pack_kv) for the tiles to read.
+  // K/V of each group packed once (pack_kv) for the tiles to read, in
+  // packed_group_floats floats per group.
   bool pack_kv;
+  int64_t packed_group_floats;
   int64_t groups;  // batch * kv_heads
 };
 
@@ -141,12 +143,25 @@ inline int64_t PackedGroupFloats(const AttentionArgs& a) {
   return PackedKFloats(a) + (a.kv_len * a.head_dim_v + 63) / 64 * 64;
 }
 
+// The AVX3_AMX entry's packed K/V of one group (amx-inl.h): K as
+// [keys][Dk rounded up to 32] bf16, then Vᵀ as [Dv rounded up to 32][keys],
+// keys = Lk rounded up to 32, plus 32 (a 32-key tile from any valid key).
+inline int64_t AmxPackedKeys(const AttentionArgs& a) {
+  return (a.kv_len + 31) / 32 * 32 + 32;
+}
+inline int64_t AmxPackedGroupFloats(const AttentionArgs& a) {
+  const int64_t elems = AmxPackedKeys(a) * ((a.head_dim_qk + 31) / 32 * 32 +
+                                            (a.head_dim_v + 31) / 32 * 32);
+  return (elems / 2 + 63) / 64 * 64;
+}
+
 // What a target's kernels can do, for the plan.
 struct TargetCaps {
   int64_t lanes;          // f32 lanes of a full vector
   bool fused_decode;      // compiled with the fused 16-bit decode loop
   bool f16_in_registers;  // widens f16 in registers (hardware conversion)
   int64_t fused_max_dk;   // largest Dk the fused loop takes
+  bool amx;               // bf16 Q, K, V run on AMX tiles (packed K/V)
 };
 
 // What one target offers. Every function is sequential: the driver splits
@@ -192,6 +207,11 @@ const TargetKernels* KernelsForTarget(int64_t target_bit);
 // AVX3_BF16 entry of the dispatch table), or null if not compiled in. The
 // caller checks that the CPU has AVX512_BF16.
 const TargetKernels* NativeBf16Kernels();
+
+// The AVX3 kernels with bf16 Q, K and V on AMX tiles (the AVX3_AMX entry),
+// with the tile instructions or (emulated) their emulator; null if not
+// compiled in. The caller checks the CPU and the tile state permission.
+const TargetKernels* AmxKernels(bool emulated);
 
 }  // namespace simdattn
 

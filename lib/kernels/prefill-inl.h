@@ -10,8 +10,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "hwy/highway.h"
+#include "lib/kernels/amx-inl.h"
 #include "lib/kernels/bf16_dot-inl.h"
 #include "lib/kernels/block-inl.h"
 #include "lib/kernels/decode_task-inl.h"
@@ -37,20 +39,6 @@ namespace hn = hwy::HWY_NAMESPACE;
 // f32 tiles read from storage (16-bit K/V widened per tile), f32 K/V packed
 // once per group (PackedKv), and the native bf16 products (vdpbf16ps).
 
-// The scratch of one tiled task (ScratchLayout's regions).
-struct TileScratch {
-  int cols;     // vectors of queries in the block
-  int64_t mq;   // block rows
-  float* qt;    // Qt [Dk][mq], scaled
-  float* st;    // S^T, then P^T [kKeyTile][mq]
-  float* acc;   // O^T [Dv][mq]
-  float* m;
-  float* l;
-  float* alpha;
-  float* ktile;
-  float* vtile;
-};
-
 // O^T += V^T·P^T on f32 V rows (row stride v_row), guarded where a hidden
 // key's V row may hold Inf or NaN (TileGemm's kGuard): hidden keys have
 // weight +0.0, and with a finite V tile the plain product adds exact zeros
@@ -70,6 +58,7 @@ HWY_INLINE void ValuesF32(D d, const TileScratch& s, int64_t dv,
 
 // f32 products on tiles read from K/V's storage (widened when 16-bit).
 struct TileProducts {
+  static constexpr int64_t kKeys = kKeyTile;
   const AttentionArgs& a;
   const KvRows& src;
   const TileScratch& s;
@@ -98,6 +87,7 @@ struct TileProducts {
 
 // f32 products on the group's packed K/V.
 struct PackedProducts {
+  static constexpr int64_t kKeys = kKeyTile;
   const AttentionArgs& a;
   const PackedKv& packed;
   const TileScratch& s;
@@ -129,6 +119,7 @@ struct PackedProducts {
 // P·V; K/V packed (PackKvBf16) or paired tile by tile from storage. The
 // scratch regions of Qt, ktile and vtile hold the pairs.
 struct NativeBf16Products {
+  static constexpr int64_t kKeys = kKeyTile;
   const AttentionArgs& a;
   const KvRows& src;
   const PackedKv& packed;  // packed.k null: tiles from storage
@@ -208,8 +199,9 @@ HWY_INLINE void TileLoop(const AttentionArgs& a, const BlockTask& t,
                          Products& products) {
   const hn::ScalableTag<float> d;
   const bool has_mask = a.mask_kind != MaskKind::kNone;
-  for (int64_t kv_begin = kv_start; kv_begin < kv_end; kv_begin += kKeyTile) {
-    const int64_t nk = std::min(kKeyTile, kv_end - kv_begin);
+  constexpr int64_t kKeys = Products::kKeys;  // keys per tile
+  for (int64_t kv_begin = kv_start; kv_begin < kv_end; kv_begin += kKeys) {
+    const int64_t nk = std::min(kKeys, kv_end - kv_begin);
     const MaskTile mtile = has_mask ? MaskTileRows(d, a, &mask, kv_begin, nk)
                                     : MaskTile{true, false, false};
     if (!mtile.visible) continue;
@@ -233,7 +225,7 @@ HWY_INLINE void TiledBlock(const AttentionArgs& a, const Plan& plan,
   products.PackQueries(t.b, rt);  // padding lanes repeat a valid row
   std::fill(s.acc, s.acc + a.head_dim_v * s.mq, 0.0f);
   InitRowState(a, plan, rt, s.mq, s.m, s.l);
-  MaskBlock mask(scratch + lay.mask, s.mq, kKeyTile);
+  MaskBlock mask(scratch + lay.mask, s.mq, Products::kKeys);
   if (a.mask_kind != MaskKind::kNone) mask.Init(a, t.b, rt);
   TileLoop(a, t, rt, mask, s, kv_start, kv_end, products);
   if (plan.num_chunks > 1) {
@@ -243,13 +235,33 @@ HWY_INLINE void TiledBlock(const AttentionArgs& a, const Plan& plan,
   WriteRows(a, plan, t.b, rt, t.rows, s.m, s.l, s.acc, s.mq, 1);
 }
 
+// The bf16 products of a dispatch entry: AVX3_BF16's vdpbf16ps (kNative),
+// AVX3_AMX's tiles (kAmx) or their emulator (kAmxEmulated), and f32
+// products on widened values everywhere else (kWidened).
+enum class Bf16Path { kWidened, kNative, kAmx, kAmxEmulated };
+
+// Whether a call runs on the AMX tiles of entry kPath: bf16 Q, K and V on
+// the tiled kernel.
+template <Bf16Path kPath>
+HWY_INLINE bool AmxCall(const AttentionArgs& a, const Plan& plan) {
+  return (kPath == Bf16Path::kAmx || kPath == Bf16Path::kAmxEmulated) &&
+         a.q_type == Storage::kBF16 && a.kv_type == Storage::kBF16 &&
+         plan.path == KernelPath::kTiled;
+}
+
 // Builds the packed K/V of group `group` for the tiles (PackedKv's layout,
-// or the bf16 pairs of the native products).
-template <bool kNative>
+// the bf16 pairs of the native products, or AmxPackedKv's).
+template <Bf16Path kPath>
 inline void PackKv(const AttentionArgs& a, const Plan& plan, int64_t group,
                    float* HWY_RESTRICT dst, float* HWY_RESTRICT scratch) {
+#if SIMDATTN_AMX
+  if (AmxCall<kPath>(a, plan)) {
+    PackKvAmx(a, group, dst, scratch);
+    return;
+  }
+#endif
 #if SIMDATTN_NATIVE_BF16
-  if (NativeBf16<kNative>(a, plan)) {
+  if (NativeBf16<kPath == Bf16Path::kNative>(a, plan)) {
     PackKvBf16(a, group, reinterpret_cast<uint32_t*>(dst),
                reinterpret_cast<uint32_t*>(scratch));
     return;
@@ -263,8 +275,8 @@ inline void PackKv(const AttentionArgs& a, const Plan& plan, int64_t group,
 // along the head dims, q_len/kv_len < 2^31 - 1, head dims >= 1); scratch
 // 256-byte aligned with ScratchFloatsImpl() floats. Unsplit, writes the
 // block's rows of O and LSE and nothing else; split, writes the task's
-// PartialSlot. kNative: the AVX3_BF16 entry (see NativeBf16).
-template <bool kNative>
+// PartialSlot. kPath: the entry's bf16 products.
+template <Bf16Path kPath>
 inline void AttentionTaskImpl(const AttentionArgs& a, const Plan& plan,
                               const Wave& wave, int64_t task,
                               float* HWY_RESTRICT scratch) {
@@ -282,12 +294,24 @@ inline void AttentionTaskImpl(const AttentionArgs& a, const Plan& plan,
                       scratch + lay.m, scratch + lay.l, scratch + lay.alpha,
                       scratch + lay.ktile, scratch + lay.vtile};
   const KvRows src(a, t.b, t.hkv);
+#if SIMDATTN_AMX
+  if (AmxCall<kPath>(a, plan) && wave.packed != nullptr) {
+    const AmxPackedKv packed(a, wave.packed + (t.index.group - wave.packed_first_group) *
+                                                  plan.packed_group_floats);
+    using Tiles = std::conditional_t<kPath == Bf16Path::kAmx, amx::HardwareTiles,
+                                     amx::EmulatedTiles>;
+    AmxProducts<Tiles> products{a, src, packed, s, t.kv_valid};
+    TiledBlock(a, plan, wave, task, t, rt, scratch, lay, s, t.kv_start, t.kv_end, products);
+    return;
+  }
+#endif
   // Packed K/V: tiles start on a multiple of kTileRows and end on one (or on
   // the last valid key); the few keys this adds are hidden by the index masks.
   PackedKv packed;
   int64_t kv_start = t.kv_start, kv_end = t.kv_end;
   if (wave.packed != nullptr) {
-    packed.k = wave.packed + (t.index.group - wave.packed_first_group) * PackedGroupFloats(a);
+    packed.k = wave.packed + (t.index.group - wave.packed_first_group) *
+                                 plan.packed_group_floats;
     packed.v = packed.k + PackedKFloats(a);
     packed.keys = t.kv_valid;
     if (kv_start < kv_end) {
@@ -296,7 +320,7 @@ inline void AttentionTaskImpl(const AttentionArgs& a, const Plan& plan,
     }
   }
 #if SIMDATTN_NATIVE_BF16
-  if (NativeBf16<kNative>(a, plan)) {
+  if (NativeBf16<kPath == Bf16Path::kNative>(a, plan)) {
     NativeBf16Products products{a, src, packed, s};
     TiledBlock(a, plan, wave, task, t, rt, scratch, lay, s, kv_start, kv_end, products);
     return;

@@ -1,0 +1,184 @@
+// The AVX3_AMX entry: it follows the CPU (or the emulator in tests), a cap
+// turns it off, and the tile emulator computes what TDPBF16PS computes.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "lib/kernels/amx_tiles.h"
+#include "simdattn/attention.h"
+#include "tests/test_util.h"
+
+namespace simdattn {
+namespace test {
+namespace {
+
+bool CpuFlag(const std::string& name) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line);
+    for (std::string w; words >> w;) {
+      if (w == name) return true;
+    }
+    return false;
+  }
+  return false;
+}
+
+bool Listed(const std::string& target) {
+  const std::vector<std::string> avail = AvailableTargets();
+  return std::find(avail.begin(), avail.end(), target) != avail.end();
+}
+
+// Available exactly when the kernel reports AMX-TILE, AMX-BF16 and AVX-512
+// for this CPU (or, emulated, AVX-512 alone); then chosen without a cap, and
+// capped off by AVX3_BF16.
+TEST(AmxTest, EntryFollowsTheCpu) {
+#if defined(__x86_64__)
+  const bool avx512 = CpuFlag("avx512f") && CpuFlag("avx512bw") &&
+                      CpuFlag("avx512dq") && CpuFlag("avx512vl");
+  const bool tiles = CpuFlag("amx_tile") && CpuFlag("amx_bf16");
+  EXPECT_EQ(Listed("AVX3_AMX"), avx512 && (tiles || AmxEmulated()));
+  if (!Listed("AVX3_AMX")) return;
+  std::string selected;
+  ASSERT_TRUE(SelectedTarget(&selected).ok());
+  EXPECT_EQ(selected, "AVX3_AMX");
+  {
+    ScopedTarget cap("AVX3_BF16");
+    ASSERT_TRUE(SelectedTarget(&selected).ok());
+    EXPECT_NE(selected, "AVX3_AMX");
+  }
+#else
+  EXPECT_FALSE(Listed("AVX3_AMX"));
+  EXPECT_FALSE(SetMaxTarget("AVX3_AMX").ok());
+#endif
+}
+
+uint16_t Bf16Bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// Tiles A (16 x 32 bf16), B (16 rows of 16 bf16 pairs) and C (16 x 16 f32)
+// with values that make the rounding of each addition visible: terms far
+// below the accumulator, cancellations, denormals, Inf and NaN.
+struct DotInputs {
+  uint16_t a[16 * 32], b[16 * 32];
+  float c[16 * 16];
+};
+
+DotInputs MakeDotInputs(uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-30, 30);
+  std::uniform_int_distribution<int> special(0, 199);
+  DotInputs in;
+  auto value = [&]() {
+    switch (special(rng)) {
+      case 0:
+        return std::ldexp(1.0f, -130);  // denormal
+      case 1:
+        return INFINITY;
+      case 2:
+        return NAN;
+      case 3:
+        return -0.0f;
+      default:
+        return std::ldexp(unit(rng), exponent(rng));
+    }
+  };
+  for (uint16_t& x : in.a) x = Bf16Bits(value());
+  for (uint16_t& x : in.b) x = Bf16Bits(value());
+  for (float& x : in.c) x = value() * 1e6f;
+  return in;
+}
+
+template <class Tiles>
+void RunDot(const DotInputs& in, float* out) {
+  Tiles::Configure();
+  Tiles::template Load<0>(in.c, 64);
+  Tiles::template Load<4>(in.a, 64);
+  Tiles::template Load<6>(in.b, 64);
+  Tiles::template Dot<0>();
+  Tiles::template Store<0>(out, 64);
+  Tiles::Release();
+}
+
+// The emulator's order of additions (amx_tiles.h), on sums whose rounding
+// tells the orders apart; a is [m][2k + h] and b [k][2n + h].
+float EmulatedSum(float c, const std::vector<std::pair<int, float>>& terms) {
+  DotInputs in{};
+  in.c[0] = c;
+  for (const auto& [i, x] : terms) {  // product i: element i of row 0 times 1
+    in.a[i] = Bf16Bits(x);
+    in.b[(i / 2) * 32 + i % 2] = Bf16Bits(1.0f);
+  }
+  float out[16 * 16];
+  RunDot<amx::EmulatedTiles>(in, out);
+  return out[0];
+}
+
+TEST(AmxTest, EmulatorSumsTwoChainsThenTheAccumulator) {
+  const float t = std::ldexp(1.0f, 24);  // above it, f32 steps by 2
+  // Even products 2^24 and 1 (k = 0, 1) round to 2^24 in their chain; the
+  // odd chain's 1 + 1 = 2 is added after: 2^24 + 2, not 2^24 + 4.
+  EXPECT_EQ(EmulatedSum(0.0f, {{0, t}, {2, 1.0f}, {1, 1.0f}, {3, 1.0f}}) - t, 2.0f);
+  // Even 2^24 + 2, odd 1: their sum 2^24 + 3 rounds to even, 2^24 + 4.
+  EXPECT_EQ(EmulatedSum(0.0f, {{0, t}, {2, 2.0f}, {1, 1.0f}}) - t, 4.0f);
+  // C comes last: 2^24 + (1 + 2) rounds to 2^24 + 4 (C first: 2^24 + 2).
+  EXPECT_EQ(EmulatedSum(t, {{0, 1.0f}, {2, 2.0f}}) - t, 4.0f);
+  // k ascending in a chain: -2^24 + 1 is exact, then + 2^24 gives 1.
+  EXPECT_EQ(EmulatedSum(0.0f, {{26, -t}, {28, 1.0f}, {30, t}}), 1.0f);
+  DotInputs in{};
+  float out[16 * 16];
+  // Products exact in f32, denormal products flushed: 2^-70 * 2^-70.
+  in.c[0] = 0.0f;
+  in.a[0] = Bf16Bits(std::ldexp(1.0f, -70));
+  in.b[0] = Bf16Bits(std::ldexp(1.0f, -70));
+  in.a[1] = in.b[1] = 0;
+  RunDot<amx::EmulatedTiles>(in, out);
+  EXPECT_EQ(out[0], 0.0f);
+}
+
+// Where the CPU has the tiles: the emulator's results are the hardware's,
+// bit for bit (NaN as NaN), on inputs that exercise every rounding.
+TEST(AmxTest, EmulatorMatchesTheTiles) {
+#if defined(__x86_64__)
+  if (AmxEmulated() || !Listed("AVX3_AMX")) {
+    GTEST_SKIP() << "no AMX tiles on this CPU to compare the emulator with";
+  }
+  for (uint32_t seed = 1; seed <= 200; ++seed) {
+    const DotInputs in = MakeDotInputs(seed);
+    float hw[16 * 16], emu[16 * 16];
+    RunDot<amx::HardwareTiles>(in, hw);
+    RunDot<amx::EmulatedTiles>(in, emu);
+    for (int i = 0; i < 16 * 16; ++i) {
+      if (std::isnan(hw[i])) {
+        ASSERT_TRUE(std::isnan(emu[i])) << "seed " << seed << " element " << i;
+        continue;
+      }
+      uint32_t h, e;
+      std::memcpy(&h, &hw[i], 4);
+      std::memcpy(&e, &emu[i], 4);
+      ASSERT_EQ(h, e) << "seed " << seed << " element " << i << ": " << hw[i]
+                      << " against " << emu[i];
+    }
+  }
+#else
+  GTEST_SKIP() << "AMX is x86-64 only";
+#endif
+}
+
+}  // namespace
+}  // namespace test
+}  // namespace simdattn
