@@ -104,7 +104,8 @@ const std::vector<Variant>& OptionVariants() {
 AttentionOptions MakeOptions(const Shape& s, const Variant& v, VariantData* data) {
   AttentionOptions o;
   o.causal = v.causal;
-  if (v.bottom_right) o.alignment = Alignment::kBottomRight;
+  // Named always: decode shapes (Lq != Lk) with ALiBi or a window need it.
+  o.alignment = v.bottom_right ? Alignment::kBottomRight : Alignment::kTopLeft;
   o.window_left = v.window_left;
   o.softcap = v.softcap;
   if (v.alibi) {

@@ -27,6 +27,8 @@ const char* StatusCodeName(StatusCode code) {
       return "invalid argument";
     case StatusCode::kUnimplemented:
       return "unimplemented";
+    case StatusCode::kOutOfMemory:
+      return "out of memory";
     case StatusCode::kInternal:
       return "internal";
   }
@@ -85,6 +87,13 @@ View MakeView(Ptr data, DType dtype, int64_t b, int64_t h, int64_t s,
   return v;
 }
 
+Status Failure(StatusCode code, const std::string& message) {
+  Status s;
+  s.code = code;
+  s.message = message;
+  return s;
+}
+
 Status Unimplemented(const std::string& what) {
   Status s;
   s.code = StatusCode::kUnimplemented;
@@ -118,6 +127,18 @@ Status CheckCovered(const Problem& p, const AttentionOptions& options) {
   return Status::Ok();
 }
 
+// What the fast path covers and the executor's settings.
+Status CheckCall(const Problem& p, const AttentionOptions& options,
+                 const ExecutionOptions& exec) {
+  if (exec.parallel_for_threads < 0) {
+    return Failure(StatusCode::kInvalidArgument,
+                   "exec.parallel_for_threads = " +
+                       std::to_string(exec.parallel_for_threads) +
+                       ": must be >= 0 (0 = hardware_concurrency())");
+  }
+  return CheckCovered(p, options);
+}
+
 }  // namespace
 
 TensorView MakeBHSD(const void* data, DType dtype, int64_t b, int64_t h,
@@ -147,15 +168,15 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     if (!s.ok()) return s;
     s = ValidateOutputs(p, q, k, v, options, o, lse);
     if (!s.ok()) return s;
-    s = CheckCovered(p, options);
+    s = CheckCall(p, options, exec);
     if (!s.ok()) return s;
     const TargetEntry* target = nullptr;
-    s = ChooseTarget(&target);
+    s = ChooseTarget(exec.max_target, &target);
     if (!s.ok()) return s;
     const TargetKernels& kernels = *target->kernels;
     const AttentionArgs args = MakeArgs(p, q, k, v, o, options, lse);
     const Plan plan = MakePlan(args, kernels.caps());
-    s = RunPlan(exec, kernels, args, plan);
+    s = RunPlan(exec, kernels, args, plan, options.kv_lengths_i32);
     if (!s.ok()) return s;
     if (info != nullptr) {
       info->target = target->name;
@@ -164,15 +185,39 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     }
     return Status::Ok();
   } catch (const std::bad_alloc&) {
-    Status oom;
-    oom.code = StatusCode::kInternal;
-    oom.message = "out of memory";
-    return oom;
+    return Failure(StatusCode::kOutOfMemory, "out of memory");
   } catch (...) {
-    Status err;
-    err.code = StatusCode::kInternal;
-    err.message = "unexpected exception";
-    return err;
+    return Failure(StatusCode::kInternal, "unexpected exception");
+  }
+}
+
+Status WorkspaceSize(const TensorView& q, const TensorView& k,
+                     const TensorView& v, const AttentionOptions& options,
+                     const ExecutionOptions& exec, size_t* bytes) {
+  try {
+    if (bytes == nullptr) {
+      return Failure(StatusCode::kInvalidArgument, "bytes is null");
+    }
+    Problem p;
+    Status s = ValidateInputs(q, k, v, options, &p);
+    if (!s.ok()) return s;
+    s = CheckCall(p, options, exec);
+    if (!s.ok()) return s;
+    const TargetEntry* target = nullptr;
+    s = ChooseTarget(exec.max_target, &target);
+    if (!s.ok()) return s;
+    // O does not change the buffers: an f32 view stands in for it.
+    const MutableTensorView o = MakeBHSD(static_cast<void*>(nullptr), DType::kF32,
+                                         p.batch, p.q_heads, p.q_len, p.head_dim_v);
+    const AttentionArgs args = MakeArgs(p, q, k, v, o, options, {});
+    const TargetKernels& kernels = *target->kernels;
+    *bytes = WorkspaceBytes(exec, kernels, args, MakePlan(args, kernels.caps()),
+                            options.kv_lengths_i32 != nullptr);
+    return Status::Ok();
+  } catch (const std::bad_alloc&) {
+    return Failure(StatusCode::kOutOfMemory, "out of memory");
+  } catch (...) {
+    return Failure(StatusCode::kInternal, "unexpected exception");
   }
 }
 

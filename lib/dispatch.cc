@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -184,21 +185,10 @@ void SetAmxEmulation(bool on) {
   MutableTable() = BuildTable();
 }
 
-Status ChooseTarget(const TargetEntry** entry) {
-  int cap = g_api_cap.load(std::memory_order_relaxed);
-  if (cap < 0) {
-    const char* env = std::getenv("SIMDATTN_MAX_TARGET");
-    if (env != nullptr && env[0] != '\0') {
-      cap = RankOf(env);
-      if (cap < 0) {
-        Status s;
-        s.code = StatusCode::kInvalidArgument;
-        s.message = std::string("SIMDATTN_MAX_TARGET = '") + env +
-                    "' is not a target of this build; known: " + KnownNames();
-        return s;
-      }
-    }
-  }
+namespace {
+
+// The best supported entry at or below rank `cap` (-1: no cap).
+Status EntryAtCap(int cap, const TargetEntry** entry) {
   for (const TargetEntry& e : TargetTable()) {
     if (e.supported && e.rank >= (cap < 0 ? 0 : cap) &&
         (e.preferred || e.rank == cap)) {
@@ -211,6 +201,62 @@ Status ChooseTarget(const TargetEntry** entry) {
   s.message = std::string("no compiled target at or below the cap ") +
               kKnown[cap < 0 ? 0 : cap].name + " runs on this CPU";
   return s;
+}
+
+Status UnknownTarget(const std::string& what, const char* name) {
+  Status s;
+  s.code = StatusCode::kInvalidArgument;
+  s.message = what + " = '" + name +
+              "' names no target of this architecture; known: " + KnownNames();
+  return s;
+}
+
+// The SIMDATTN_MAX_TARGET value that names no target and was last reported
+// by a call; calls with the same value ignore it.
+std::mutex g_env_mutex;
+char g_env_reported[128] = "";
+
+// Whether a call should report the bad SIMDATTN_MAX_TARGET value `env` (the
+// first to see it does); values too long to remember are always reported.
+bool FirstReportOf(const char* env) {
+  std::lock_guard<std::mutex> lock(g_env_mutex);
+  if (std::strcmp(env, g_env_reported) == 0) return false;
+  if (std::strlen(env) < sizeof(g_env_reported)) {
+    std::strcpy(g_env_reported, env);
+  }
+  return true;
+}
+
+// The rank a call is capped at (-1: none): the call's own cap, else
+// SetMaxTarget's, else SIMDATTN_MAX_TARGET's. A bad environment value is
+// an error always, or (report_env_once) only for the first call to see it.
+Status CapRank(const char* call_cap, bool report_env_once, int* cap) {
+  *cap = -1;
+  if (call_cap != nullptr && call_cap[0] != '\0') {
+    *cap = RankOf(call_cap);
+    return *cap < 0 ? UnknownTarget("max_target", call_cap) : Status::Ok();
+  }
+  *cap = g_api_cap.load(std::memory_order_relaxed);
+  if (*cap >= 0) return Status::Ok();
+  const char* env = std::getenv("SIMDATTN_MAX_TARGET");
+  if (env == nullptr || env[0] == '\0') return Status::Ok();
+  *cap = RankOf(env);
+  if (*cap >= 0) return Status::Ok();
+  if (report_env_once && !FirstReportOf(env)) return Status::Ok();
+  Status s = UnknownTarget("SIMDATTN_MAX_TARGET", env);
+  s.message += report_env_once
+                   ? " (reported once; later calls ignore it)"
+                   : " (the first call reports it; later calls ignore it)";
+  return s;
+}
+
+}  // namespace
+
+Status ChooseTarget(const char* call_cap, const TargetEntry** entry) {
+  int cap = -1;
+  Status s = CapRank(call_cap, /*report_env_once=*/true, &cap);
+  if (!s.ok()) return s;
+  return EntryAtCap(cap, entry);
 }
 
 std::vector<std::string> AvailableTargets() {
@@ -233,22 +279,18 @@ Status SetMaxTarget(const char* name) {
     return Status::Ok();
   }
   const int rank = RankOf(name);
-  if (rank < 0) {
-    Status s;
-    s.code = StatusCode::kInvalidArgument;
-    s.message = std::string("target '") + name +
-                "' is not a target of this build; known: " + KnownNames();
-    return s;
-  }
+  if (rank < 0) return UnknownTarget("target", name);
   g_api_cap.store(rank);
   return Status::Ok();
 }
 
 Status SelectedTarget(std::string* name) {
+  int cap = -1;
+  const Status env = CapRank(nullptr, /*report_env_once=*/false, &cap);
   const TargetEntry* e = nullptr;
-  Status s = ChooseTarget(&e);
+  const Status s = EntryAtCap(env.ok() ? cap : -1, &e);
   if (s.ok() && name != nullptr) *name = e->name;
-  return s;
+  return env.ok() ? s : env;
 }
 
 }  // namespace simdattn

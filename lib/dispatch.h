@@ -32,9 +32,11 @@ const std::vector<TargetEntry>& TargetTable();
 void SetAmxEmulation(bool on);
 
 // The entry a call runs: the best supported one not ranked above the cap
-// (SetMaxTarget, else the SIMDATTN_MAX_TARGET environment variable),
-// skipping entries that are not preferred unless the cap names them.
-Status ChooseTarget(const TargetEntry** entry);
+// (call_cap, the call's ExecutionOptions::max_target, when not null or "";
+// else SetMaxTarget's; else the SIMDATTN_MAX_TARGET environment variable,
+// whose bad value only the first call to see it reports), skipping entries
+// that are not preferred unless the cap names them.
+Status ChooseTarget(const char* call_cap, const TargetEntry** entry);
 
 }  // namespace simdattn
 

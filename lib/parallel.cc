@@ -188,6 +188,7 @@ void RunTasks(const ExecutionOptions& exec, int64_t num_tasks,
 
 int ExecutorThreads(const ExecutionOptions& exec) {
   if (exec.parallel_for != nullptr) {
+    if (exec.parallel_for_threads > 0) return exec.parallel_for_threads;
     const int n = static_cast<int>(std::thread::hardware_concurrency());
     return n > 0 ? n : 1;
   }

@@ -15,8 +15,8 @@ namespace simdattn {
 void RunTasks(const ExecutionOptions& exec, int64_t num_tasks,
               void (*task)(void* arg, int64_t i), void* arg);
 
-// How many threads the executor runs tasks on: the pool's count, or the
-// hardware's for a host parallel-for (which does not say).
+// How many threads the executor runs tasks on: the pool's count, or for a
+// host parallel-for exec.parallel_for_threads (> 0) or the hardware's.
 int ExecutorThreads(const ExecutionOptions& exec);
 
 }  // namespace simdattn

@@ -84,7 +84,7 @@ double ComputeRow(const Context& c, int64_t b, int64_t h, int64_t i,
                   double* out) {
   const Problem& pr = *c.problem;
   const AttentionOptions& opt = *c.options;
-  const int64_t lk_b = opt.kv_lengths != nullptr ? opt.kv_lengths[b] : pr.kv_len;
+  const int64_t lk_b = KvLength(opt, b, pr.kv_len);
   // p(i): where query row i sits on the key axis.
   const int64_t pos =
       opt.alignment == Alignment::kBottomRight ? i + lk_b - pr.q_len : i;
@@ -244,7 +244,7 @@ Status ReferenceAttention(const TensorView& q, const TensorView& k,
     o->swap(o_out);
     if (lse != nullptr) lse->swap(lse_out);
   } catch (const std::bad_alloc&) {
-    return Status{StatusCode::kInternal, "out of memory in ReferenceAttention"};
+    return Status{StatusCode::kOutOfMemory, "out of memory in ReferenceAttention"};
   } catch (const std::exception& e) {
     return Status{StatusCode::kInternal,
                   std::string("ReferenceAttention failed: ") + e.what()};

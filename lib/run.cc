@@ -4,7 +4,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
+#include <new>
+#include <string>
+#include <thread>
 #include <utility>
 
 #include "lib/parallel.h"
@@ -13,28 +17,38 @@
 namespace simdattn {
 namespace {
 
+// Every buffer of a call starts on this many bytes: 256-byte alignment
+// covers every vector size up to SVE-2048.
+constexpr size_t kAlign = 256;
+
+size_t RoundUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
 // Per-thread scratch, sized on first use and kept: no allocation per call in
 // steady state.
 struct Scratch {
   float* data = nullptr;
   size_t floats = 0;
-  ~Scratch() { std::free(data); }
+  ~Scratch() { Free(); }
 
   float* Get(size_t n) {
     if (n > floats) {
       std::free(data);
-      // 256-byte alignment covers every vector size up to SVE-2048.
-      const size_t bytes = (n * sizeof(float) + 255) / 256 * 256;
-      data = static_cast<float*>(std::aligned_alloc(256, bytes));
+      data = static_cast<float*>(std::aligned_alloc(kAlign, RoundUp(n * sizeof(float))));
       floats = data == nullptr ? 0 : n;
     }
     return data;
   }
+  void Free() {
+    std::free(data);
+    data = nullptr;
+    floats = 0;
+  }
 };
 
 thread_local Scratch t_scratch;
-// Partial results of split calls and packed K/V, kept by the calling thread.
-thread_local Scratch t_partials;
+// The calling thread's buffers: the widened kv lengths and the partial
+// results of split calls (one buffer), and the packed K/V.
+thread_local Scratch t_call;
 thread_local Scratch t_packed;
 
 // A calling thread's buffer, taken out of its thread_local slot for the
@@ -62,6 +76,41 @@ class ScratchLease {
   Scratch own_;
 };
 
+// The sizes of a call's buffers in bytes, each a multiple of kAlign.
+struct BufferSizes {
+  size_t lengths = 0;   // kv lengths widened from int32
+  size_t partials = 0;  // partial results of a split call
+  size_t packed = 0;    // packed K/V of one wave of groups
+  int64_t wave = 0;     // groups per wave (0: not packed)
+  size_t slot = 0;      // one task's scratch
+  int64_t slots = 0;    // scratch slots of a workspace: the executor's threads
+  // A workspace: its base rounded up to kAlign, then the lengths, the
+  // partials, the packed K/V, the slots and the slots' busy flags.
+  size_t Workspace() const {
+    return kAlign + lengths + partials + packed +
+           static_cast<size_t>(slots) * slot + RoundUp(static_cast<size_t>(slots));
+  }
+};
+
+BufferSizes SizesOf(const ExecutionOptions& exec, const TargetKernels& kernels,
+                    const AttentionArgs& a, const Plan& plan,
+                    bool widen_lengths) {
+  BufferSizes s;
+  const int64_t threads = ExecutorThreads(exec);
+  if (widen_lengths) s.lengths = RoundUp(static_cast<size_t>(a.batch) * sizeof(int64_t));
+  if (plan.num_chunks > 1) {
+    s.partials = RoundUp(static_cast<size_t>(PartialFloats(plan, a.head_dim_v)) * sizeof(float));
+  }
+  if (plan.pack_kv) {
+    const int64_t group_bytes = plan.packed_group_floats * int64_t{sizeof(float)};
+    s.wave = std::min(plan.groups, std::max<int64_t>(threads, kPackedWaveBytes / group_bytes));
+    s.packed = static_cast<size_t>(s.wave * group_bytes);
+  }
+  s.slot = RoundUp(kernels.scratch_floats(a.head_dim_qk, a.head_dim_v) * sizeof(float));
+  s.slots = threads;
+  return s;
+}
+
 // Bound of the runs that a split call's tasks go in (RunWave).
 constexpr int64_t kMaxShrinkingRuns = 256;
 
@@ -81,20 +130,58 @@ struct Job {
   int64_t shrinking_runs = 0;
   int64_t run_first[kMaxShrinkingRuns + 1];
   std::atomic<bool> out_of_memory{false};
+  // With a workspace: num_slots scratch slots of slot_floats floats from
+  // slots on, each taken by one task at a time (slot_busy). Without one
+  // (num_slots = 0), each thread's own t_scratch.
+  float* slots = nullptr;
+  size_t slot_floats = 0;
+  int64_t num_slots = 0;
+  std::atomic<uint8_t>* slot_busy = nullptr;
 };
 
-// This thread's scratch for a task of `job`; null (and the job marked out
-// of memory) when it cannot be had.
-float* TaskScratch(Job* job) {
-  float* scratch = t_scratch.Get(job->scratch_floats);
-  if (scratch == nullptr) job->out_of_memory.store(true);
-  return scratch;
-}
+// The scratch of one run of tasks of `job`, for its lifetime: this thread's
+// t_scratch, or a free slot of the workspace. A thread that finds every slot
+// taken (a host parallel-for running more tasks at once than it declared)
+// waits for one: slots are held only while a run computes, never while it
+// waits, so one is freed soon.
+class TaskScratch {
+ public:
+  TaskScratch(Job* job, int64_t hint) : job_(job) {
+    if (job->num_slots == 0) {
+      data_ = t_scratch.Get(job->scratch_floats);
+      if (data_ == nullptr) job->out_of_memory.store(true);
+      return;
+    }
+    for (int64_t n = 0;; ++n) {
+      const int64_t s = (hint + n) % job->num_slots;
+      std::atomic<uint8_t>& busy = job->slot_busy[s];
+      if (busy.load(std::memory_order_relaxed) == 0 &&
+          busy.exchange(1, std::memory_order_acquire) == 0) {
+        slot_ = s;
+        data_ = job->slots + static_cast<size_t>(s) * job->slot_floats;
+        return;
+      }
+      if ((n + 1) % job->num_slots == 0) std::this_thread::yield();
+    }
+  }
+  ~TaskScratch() {
+    if (slot_ >= 0) job_->slot_busy[slot_].store(0, std::memory_order_release);
+  }
+  TaskScratch(const TaskScratch&) = delete;
+  TaskScratch& operator=(const TaskScratch&) = delete;
+  float* data() const { return data_; }
+
+ private:
+  Job* job_;
+  float* data_ = nullptr;
+  int64_t slot_ = -1;
+};
 
 // Runs the wave's tasks of run `run`, in order.
 void RunAttentionRun(void* arg, int64_t run) {
   Job* job = static_cast<Job*>(arg);
-  float* scratch = TaskScratch(job);
+  const TaskScratch hold(job, run);
+  float* scratch = hold.data();
   if (scratch == nullptr) return;
   int64_t begin = run * job->run_tasks;
   int64_t end = std::min(job->num_tasks, begin + job->run_tasks);
@@ -163,29 +250,23 @@ void RunWave(const ExecutionOptions& exec, int64_t first, int64_t n, Job* job) {
 
 void RunPackTask(void* arg, int64_t i) {
   Job* job = static_cast<Job*>(arg);
-  float* scratch = TaskScratch(job);
+  const TaskScratch hold(job, i);
+  float* scratch = hold.data();
   if (scratch == nullptr) return;
   const AttentionArgs& a = *job->args;
   float* dst = job->wave.packed + i * job->plan->packed_group_floats;
   job->kernels->pack_kv(a, *job->plan, job->wave.packed_first_group + i, dst, scratch);
 }
 
-// Runs every attention task. With packed K/V, the groups go in waves: each
-// wave's K/V are first packed (one task per group), then its blocks run
-// against the packed copy. Packing copies values exactly, so results do not
-// depend on the waves (or the thread count).
-void RunAttentionTasks(const ExecutionOptions& exec, Job* job,
-                       ScratchLease* packed) {
+// Runs every attention task. With packed K/V (job->wave.packed set), the
+// groups go in waves of `wave`: each wave's K/V are first packed (one task
+// per group), then its blocks run against the packed copy. Packing copies
+// values exactly, so results do not depend on the waves (or the thread
+// count).
+void RunAttentionTasks(const ExecutionOptions& exec, int64_t wave, Job* job) {
   const Plan& plan = *job->plan;
   const int64_t groups = plan.groups;
   const int64_t per_group = plan.num_blocks * plan.num_chunks;
-  int64_t wave = 0;
-  if (plan.pack_kv) {
-    const int64_t group_bytes = plan.packed_group_floats * int64_t{sizeof(float)};
-    wave = std::max<int64_t>(ExecutorThreads(exec), kPackedWaveBytes / group_bytes);
-    wave = std::min(wave, groups);
-    job->wave.packed = packed->Get(static_cast<size_t>(wave * plan.packed_group_floats));
-  }
   if (job->wave.packed == nullptr) {  // not packed, or no memory for it
     RunWave(exec, 0, groups * per_group, job);
     return;
@@ -206,43 +287,116 @@ void RunCombineTask(void* arg, int64_t task) {
 
 Status OutOfMemory(const char* message) {
   Status s;
-  s.code = StatusCode::kInternal;
+  s.code = StatusCode::kOutOfMemory;
   s.message = message;
   return s;
 }
 
-}  // namespace
-
-Status RunPlan(const ExecutionOptions& exec, const TargetKernels& kernels,
-               const AttentionArgs& args, const Plan& plan) {
-  ScratchLease partials(&t_partials);
-  ScratchLease packed(&t_packed);
-  Job job;
-  job.args = &args;
-  job.plan = &plan;
-  job.kernels = &kernels;
-  job.scratch_floats = kernels.scratch_floats(args.head_dim_qk, args.head_dim_v);
-  // The calling thread's buffers first: a failure here writes nothing.
-  if (t_scratch.Get(job.scratch_floats) == nullptr) {
-    return OutOfMemory("out of memory allocating per-thread scratch");
+// Runs the job whose buffers are in place; `args` is the job's copy of the
+// call's arguments, whose kv lengths are widened here from lengths_i32.
+Status RunJob(const ExecutionOptions& exec, const int32_t* lengths_i32,
+              int64_t* lengths, int64_t wave, AttentionArgs* args, Job* job) {
+  if (lengths_i32 != nullptr) {
+    for (int64_t b = 0; b < args->batch; ++b) lengths[b] = lengths_i32[b];
+    args->kv_lengths = lengths;
   }
-  if (plan.num_chunks > 1) {
-    job.wave.partials =
-        partials.Get(static_cast<size_t>(PartialFloats(plan, args.head_dim_v)));
-    if (job.wave.partials == nullptr) {
-      return OutOfMemory("out of memory allocating per-thread scratch");
-    }
+  RunAttentionTasks(exec, wave, job);
+  if (!job->out_of_memory.load() && job->plan->num_chunks > 1) {
+    RunTasks(exec, CombineTaskCount(*job->plan), &RunCombineTask, job);
   }
-  RunAttentionTasks(exec, &job, &packed);
-  if (!job.out_of_memory.load() && plan.num_chunks > 1) {
-    RunTasks(exec, CombineTaskCount(plan), &RunCombineTask, &job);
-  }
-  if (job.out_of_memory.load()) {
+  if (job->out_of_memory.load()) {
     return OutOfMemory(
         "out of memory allocating a worker thread's scratch; o is partly "
         "written");
   }
   return Status::Ok();
+}
+
+// Points the job's buffers into the caller's workspace (sizes.Workspace()
+// bytes, checked) and runs it.
+Status RunInWorkspace(const ExecutionOptions& exec, const BufferSizes& sizes,
+                      const int32_t* lengths_i32, AttentionArgs* args,
+                      Job* job) {
+  if (exec.workspace_bytes < sizes.Workspace()) {
+    Status s;
+    s.code = StatusCode::kInvalidArgument;
+    s.message = "exec.workspace_bytes = " + std::to_string(exec.workspace_bytes) +
+                ": this call needs " + std::to_string(sizes.Workspace()) +
+                " (WorkspaceSize)";
+    return s;
+  }
+  const uintptr_t base = reinterpret_cast<uintptr_t>(exec.workspace);
+  char* p = reinterpret_cast<char*>((base + kAlign - 1) / kAlign * kAlign);
+  int64_t* lengths = reinterpret_cast<int64_t*>(p);
+  p += sizes.lengths;
+  if (sizes.partials > 0) job->wave.partials = reinterpret_cast<float*>(p);
+  p += sizes.partials;
+  if (sizes.packed > 0) job->wave.packed = reinterpret_cast<float*>(p);
+  p += sizes.packed;
+  job->slots = reinterpret_cast<float*>(p);
+  job->slot_floats = sizes.slot / sizeof(float);
+  job->num_slots = sizes.slots;
+  p += static_cast<size_t>(sizes.slots) * sizes.slot;
+  job->slot_busy = reinterpret_cast<std::atomic<uint8_t>*>(p);
+  for (int64_t i = 0; i < sizes.slots; ++i) {
+    new (&job->slot_busy[i]) std::atomic<uint8_t>(0);
+  }
+  return RunJob(exec, lengths_i32, lengths, sizes.wave, args, job);
+}
+
+// Takes the job's buffers from the calling thread's cache and runs it. The
+// calling thread's buffers come first: a failure there writes nothing.
+Status RunWithThreadBuffers(const ExecutionOptions& exec,
+                            const BufferSizes& sizes,
+                            const int32_t* lengths_i32, AttentionArgs* args,
+                            Job* job) {
+  ScratchLease call(&t_call);
+  ScratchLease packed(&t_packed);
+  if (t_scratch.Get(job->scratch_floats) == nullptr) {
+    return OutOfMemory("out of memory allocating per-thread scratch");
+  }
+  float* call_buffer = nullptr;
+  if (sizes.lengths + sizes.partials > 0) {
+    call_buffer = call.Get((sizes.lengths + sizes.partials) / sizeof(float));
+    if (call_buffer == nullptr) {
+      return OutOfMemory("out of memory allocating per-thread scratch");
+    }
+  }
+  int64_t* lengths = reinterpret_cast<int64_t*>(call_buffer);
+  if (sizes.partials > 0) job->wave.partials = call_buffer + sizes.lengths / sizeof(float);
+  if (sizes.packed > 0) job->wave.packed = packed.Get(sizes.packed / sizeof(float));
+  return RunJob(exec, lengths_i32, lengths, sizes.wave, args, job);
+}
+
+}  // namespace
+
+size_t WorkspaceBytes(const ExecutionOptions& exec,
+                      const TargetKernels& kernels, const AttentionArgs& args,
+                      const Plan& plan, bool widen_lengths) {
+  return SizesOf(exec, kernels, args, plan, widen_lengths).Workspace();
+}
+
+Status RunPlan(const ExecutionOptions& exec, const TargetKernels& kernels,
+               const AttentionArgs& args, const Plan& plan,
+               const int32_t* kv_lengths_i32) {
+  AttentionArgs a = args;
+  Job job;
+  job.args = &a;
+  job.plan = &plan;
+  job.kernels = &kernels;
+  job.scratch_floats = kernels.scratch_floats(args.head_dim_qk, args.head_dim_v);
+  const BufferSizes sizes =
+      SizesOf(exec, kernels, args, plan, kv_lengths_i32 != nullptr);
+  if (exec.workspace != nullptr) {
+    return RunInWorkspace(exec, sizes, kv_lengths_i32, &a, &job);
+  }
+  return RunWithThreadBuffers(exec, sizes, kv_lengths_i32, &a, &job);
+}
+
+void ReleaseThreadBuffers() {
+  t_scratch.Free();
+  t_call.Free();
+  t_packed.Free();
 }
 
 }  // namespace simdattn

@@ -4,17 +4,31 @@
 #ifndef SIMDATTN_LIB_RUN_H_
 #define SIMDATTN_LIB_RUN_H_
 
+#include <cstddef>
+#include <cstdint>
+
 #include "lib/kernels/kernels.h"
 #include "simdattn/attention.h"
 
 namespace simdattn {
 
-// Runs every task of `plan` with `kernels` on the executor `exec`. kOk, or
-// kInternal when scratch cannot be allocated: before any task ran when the
-// calling thread's buffers fail (nothing written), otherwise with the
+// The bytes of workspace (ExecutionOptions::workspace) RunPlan needs for
+// this call on `exec`; widen_lengths: the kv lengths come as int32.
+size_t WorkspaceBytes(const ExecutionOptions& exec,
+                      const TargetKernels& kernels, const AttentionArgs& args,
+                      const Plan& plan, bool widen_lengths);
+
+// Runs every task of `plan` with `kernels` on the executor `exec`, with its
+// buffers in exec.workspace or, without one, in the calling thread's cache.
+// When kv_lengths_i32 is not null (args.kv_lengths is then null), the call's
+// kv lengths are widened from it into those buffers. kOk; kInvalidArgument
+// for a workspace smaller than WorkspaceBytes (nothing written); or
+// kOutOfMemory when scratch cannot be allocated: before any task ran when
+// the calling thread's buffers fail (nothing written), otherwise with the
 // message saying that O may be partly written.
 Status RunPlan(const ExecutionOptions& exec, const TargetKernels& kernels,
-               const AttentionArgs& args, const Plan& plan);
+               const AttentionArgs& args, const Plan& plan,
+               const int32_t* kv_lengths_i32);
 
 }  // namespace simdattn
 

@@ -178,6 +178,26 @@ Status CheckShapes(const TensorView& q, const TensorView& k,
   return Status::Ok();
 }
 
+// SEMANTICS.md: a call that uses p(i) (causal, a window or ALiBi) where the
+// two alignments disagree (Lq != Lk, or kv lengths) must name one.
+Status CheckAlignmentGiven(const AttentionOptions& options, const Problem& p) {
+  if (options.alignment.has_value()) return Status::Ok();
+  if (p.q_len == p.kv_len && !HasKvLengths(options)) return Status::Ok();
+  const char* user = options.causal                     ? "causal"
+                     : options.window_left >= 0          ? "window_left"
+                     : options.window_right >= 0         ? "window_right"
+                     : options.alibi_slopes != nullptr   ? "alibi_slopes"
+                                                         : nullptr;
+  if (user == nullptr) return Status::Ok();
+  std::ostringstream os;
+  os << "alignment is unset, but " << user << " places query rows on the key "
+     << "axis and Lq = " << p.q_len << ", Lk = " << p.kv_len
+     << (HasKvLengths(options) ? " with kv lengths" : "")
+     << ": set alignment to top-left (PyTorch is_causal: p(i) = i) or "
+        "bottom-right (KV cache: the last query at the last key)";
+  return Invalid(os.str());
+}
+
 // The scalar options and kv_lengths; sets out->scale.
 Status CheckScalarOptions(const AttentionOptions& options, Problem* out) {
   std::ostringstream os;
@@ -199,22 +219,25 @@ Status CheckScalarOptions(const AttentionOptions& options, Problem* out) {
     os << "dropout_p = " << options.dropout_p << ": must be in [0, 1)";
     return Invalid(os.str());
   }
-  if (options.alignment != Alignment::kTopLeft &&
-      options.alignment != Alignment::kBottomRight) {
-    os << "alignment = " << static_cast<int>(options.alignment)
+  if (options.alignment.has_value() &&
+      *options.alignment != Alignment::kTopLeft &&
+      *options.alignment != Alignment::kBottomRight) {
+    os << "alignment = " << static_cast<int>(*options.alignment)
        << ": must be kTopLeft or kBottomRight";
     return Invalid(os.str());
   }
-  if (options.kv_lengths != nullptr) {
-    for (int64_t b = 0; b < out->batch; ++b) {
-      const int64_t len = options.kv_lengths[b];
-      if (len < 0 || len > out->kv_len) {
-        os << "kv_lengths[" << b << "] = " << len << ": must be in [0, Lk = "
-           << out->kv_len << "]";
-        return Invalid(os.str());
-      }
+  if (options.kv_lengths != nullptr && options.kv_lengths_i32 != nullptr) {
+    return Invalid("kv_lengths and kv_lengths_i32 are both set: give one");
+  }
+  for (int64_t b = 0; b < out->batch && HasKvLengths(options); ++b) {
+    const int64_t len = KvLength(options, b, out->kv_len);
+    if (len < 0 || len > out->kv_len) {
+      os << "kv_lengths[" << b << "] = " << len << ": must be in [0, Lk = "
+         << out->kv_len << "]";
+      return Invalid(os.str());
     }
   }
+  return CheckAlignmentGiven(options, *out);
   return Status::Ok();
 }
 
@@ -340,6 +363,7 @@ Status ValidateOutputs(const Problem& p, const TensorView& q,
   add_array("alibi_slopes", options.alibi_slopes, p.q_heads * 4);
   add_array("sinks", options.sinks, p.q_heads * 4);
   add_array("kv_lengths", options.kv_lengths, p.batch * 8);
+  add_array("kv_lengths_i32", options.kv_lengths_i32, p.batch * 4);
 
   for (int i = 0; i < n; ++i) {
     if (Overlap(ro, inputs[i].range)) {

@@ -21,6 +21,20 @@ struct Problem {
   int64_t mask_strides[4] = {0, 0, 0, 0};
 };
 
+// Whether the call has per-batch valid key counts (in either type).
+inline bool HasKvLengths(const AttentionOptions& options) {
+  return options.kv_lengths != nullptr || options.kv_lengths_i32 != nullptr;
+}
+
+// The valid key count of batch b: kv_lengths[b] or kv_lengths_i32[b], or
+// kv_len when neither is given.
+inline int64_t KvLength(const AttentionOptions& options, int64_t b,
+                        int64_t kv_len) {
+  return options.kv_lengths != nullptr       ? options.kv_lengths[b]
+         : options.kv_lengths_i32 != nullptr ? options.kv_lengths_i32[b]
+                                             : kv_len;
+}
+
 // Checks Q, K, V and the options (SEMANTICS.md "Bad input") and fills *p.
 Status ValidateInputs(const TensorView& q, const TensorView& k,
                       const TensorView& v, const AttentionOptions& options,

@@ -93,7 +93,7 @@ struct ThreePools {
 void ExpectPaddingUntouched(const Tensor& o);
 
 // Checks the task count and kernel path of a call against the plan MakePlan
-// gives it for the target that ran (defined in plan_test.cc).
+// gives it for the target that ran (defined in plan_expect.cc).
 void ExpectPlanOfTarget(const Case& c, const Inputs& in, Outputs* out);
 
 // Compares the fast path on every target under test with the reference: O

@@ -177,6 +177,12 @@ TEST_F(CliBadInputTest, BadOptions) {
   ExpectError(Args({}, "--causal top-left --align bottom-right"),
               "conflicts");
   ExpectError(Args({}, "--target FOO"), "FOO");
+  // Lq = 5 != Lk = 6: whatever uses p(i) needs --causal's or --align's
+  // alignment.
+  ExpectError(Args({}, "--window-left 2"), "alignment is unset, but window_left");
+  ExpectError(Args({}, "--window-right 0"), "alignment is unset, but window_right");
+  ExpectError(Args({}, "--alibi-slopes " + F("heads4.npy")),
+              "alignment is unset, but alibi_slopes");
   ExpectError(Args({{"--lse", F("out.npy")}}), "same file");
   ExpectError("run --q " + F("q.npy") + " --k " + F("k.npy") + " --v " +
                   F("v.npy"),

@@ -228,10 +228,16 @@ TEST(CliTest, InfoListsTargets) {
             std::string::npos)
       << capped.out;
 
-  // An unknown cap is an error.
+  // An unknown cap is an error that names the variable and the targets;
+  // the target calls run after reporting it is still shown.
   const CliResult bad = RunCli("info", "SIMDATTN_MAX_TARGET=FOO ");
   EXPECT_EQ(bad.code, 2);
-  EXPECT_EQ(bad.err.rfind("simdattn: error: ", 0), 0u) << bad.err;
+  EXPECT_EQ(bad.err.rfind("simdattn: error: SIMDATTN_MAX_TARGET = 'FOO' names no target", 0), 0u)
+      << bad.err;
+  EXPECT_NE(bad.err.find("SCALAR"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.out.find("selected target: " + test::ExpectedDefaultTarget() + "\n"),
+            std::string::npos)
+      << bad.out;
 }
 
 TEST(CliTest, HelpExitsZero) {

@@ -222,7 +222,7 @@ TEST(CliVariantTest, AlibiSlopes) {
     std::string extra;
     bool causal;
     Alignment align;
-  } cases[] = {{"", false, Alignment::kTopLeft},
+  } cases[] = {{"--align top-left", false, Alignment::kTopLeft},
                {"--align bottom-right", false, Alignment::kBottomRight},
                {"--causal bottom-right", true, Alignment::kBottomRight},
                {"--causal top-left", true, Alignment::kTopLeft}};

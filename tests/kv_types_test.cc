@@ -59,6 +59,7 @@ TEST(KvTypeTest, HalfPrecisionKvWithVariants) {
     c.dv = 32;
     c.options.kv_lengths = lens;
     c.options.window_left = 20;
+    c.options.alignment = Alignment::kTopLeft;
     c.options.sinks = sinks;
     c.options.dropout_p = 0.1f;
     c.options.dropout_seed = 5;
@@ -159,6 +160,7 @@ TEST(KvTypeTest, SixteenBitQueriesAndOutputs) {
       c.dv = 24;
       c.layout = mix == 1 ? Layout::kBSHD : Layout::kBHSD;
       c.options.causal = mix != 0;
+      c.options.alignment = Alignment::kTopLeft;
       CheckCase(c, 3300 + n++);
     }
   }
@@ -195,11 +197,13 @@ TEST(KvTypeTest, Bf16QueriesKeysAndValuesWithEveryOption) {
         c.q_len = 70, c.kv_len = 300, c.dk = 128, c.dv = 136;
         c.options.window_left = 51;
         c.options.window_right = 10;
+        c.options.alignment = Alignment::kTopLeft;
         break;
       case 2:  // bool mask, ALiBi and softcap
         c.q_heads = 2, c.q_len = 20, c.kv_len = 129, c.dk = 33, c.dv = 32;
         c.options.mask = mask.View();
         c.options.alibi_slopes = slopes;
+        c.options.alignment = Alignment::kTopLeft;
         c.options.softcap = 5.0f;
         break;
       case 3:  // kv_lengths (one odd), dropout and sinks with GQA

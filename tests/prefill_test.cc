@@ -106,6 +106,7 @@ TEST(PrefillTest, LayoutsPaddedStridesAndMisalignedBase) {
       c.pad = pad;
       c.offset = pad;  // base one float off vector alignment when padded
       c.options.causal = (n % 2) == 1;
+      c.options.alignment = Alignment::kTopLeft;
       CheckCase(c, 600 + n++);
     }
   }

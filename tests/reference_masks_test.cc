@@ -19,6 +19,7 @@ TEST(ReferenceTest, CausalTopLeft) {
   VisibilityCase c(1, 1, 3, 5);
   AttentionOptions opt;
   opt.causal = true;
+  opt.alignment = Alignment::kTopLeft;
   c.Expect(c.Run(opt), [](int64_t, int64_t, int64_t i, int64_t j) { return j <= i; });
 }
 
@@ -52,6 +53,7 @@ TEST(ReferenceTest, CausalTopLeftLongQuery) {
   VisibilityCase c(1, 1, 5, 3);
   AttentionOptions opt;
   opt.causal = true;
+  opt.alignment = Alignment::kTopLeft;
   c.Expect(c.Run(opt), [](int64_t, int64_t, int64_t i, int64_t j) { return j <= i; });
 }
 

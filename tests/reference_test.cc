@@ -254,6 +254,7 @@ TEST(ReferenceTest, NegativeAndZeroStrides) {
   EXPECT_EQ(dense.lse, strided.lse);
   // Causal on top: row 0 sees only key 0, so O[0] = V[0] = [1, 0].
   opt.causal = true;
+  opt.alignment = Alignment::kTopLeft;
   const Result causal = RunReference(qv, kv, vv, opt);
   ASSERT_TRUE(causal.status.ok()) << causal.status.message;
   EXPECT_NEAR(causal.o[0], 1.0, kTol);

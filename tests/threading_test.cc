@@ -83,6 +83,7 @@ TEST(ThreadingTest, BitIdenticalForAnyThreadCount) {
   c.dk = 64;
   c.dv = 64;
   c.options.causal = true;
+  c.options.alignment = Alignment::kTopLeft;
   const Inputs in = MakeInputs(c, 1200);
   ThreadPool pool1(1), pool2(2), pool3(3);
   for (PackPolicy pack : {PackPolicy::kAlways, PackPolicy::kNever})
@@ -124,6 +125,7 @@ TEST(ThreadingTest, DropoutBitIdenticalForAnyThreadCount) {
   c.options.dropout_p = 0.25f;
   c.options.dropout_seed = 99;
   c.options.window_left = 50;
+  c.options.alignment = Alignment::kTopLeft;
   const Inputs in = MakeInputs(c, 2900);
   ThreadPool pool1(1), pool3(3);
   for (const std::string& target : TestTargets()) {

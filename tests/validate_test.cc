@@ -14,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "lib/kernels/kernels.h"
+#include "lib/reference.h"
 #include "simdattn/attention.h"
 #include "tests/test_util.h"
 
@@ -212,6 +213,71 @@ TEST(ValidateTest, KvLengthsOutOfRange) {
   ExpectInvalid(c2, "kv_lengths[0] = -1");
 }
 
+TEST(ValidateTest, KvLengthsInt32) {
+  Call c;
+  const int32_t lens[2] = {7, 8};
+  c.options.kv_lengths_i32 = lens;
+  ExpectInvalid(c, "kv_lengths[1] = 8");
+  Call both;
+  const int32_t ok[2] = {7, 3};
+  both.options.kv_lengths_i32 = ok;
+  both.options.kv_lengths = both.kv_lengths;
+  ExpectInvalid(both, "kv_lengths and kv_lengths_i32 are both set");
+}
+
+// SEMANTICS.md: causal, windows and ALiBi place query rows on the key axis,
+// where top-left and bottom-right disagree unless Lq = Lk without kv
+// lengths. There the alignment must be named: an error naming it and the
+// option that needs it, from Attention() and from the reference alike.
+TEST(ValidateTest, AlignmentRequiredWhereTheConventionsDisagree) {
+  const auto expect_unset = [](Call& c, const char* user) {
+    SCOPED_TRACE(user);
+    ExpectInvalid(c, std::string("alignment is unset, but ") + user);
+    std::vector<double> o, lse;
+    const Status r = ReferenceAttention(c.qv, c.kv, c.vv, c.options, &o, &lse);
+    EXPECT_EQ(r.code, StatusCode::kInvalidArgument);
+    EXPECT_NE(r.message.find("Lq = 5, Lk = 7"), std::string::npos) << r.message;
+    for (Alignment a : {Alignment::kTopLeft, Alignment::kBottomRight}) {
+      c.options.alignment = a;
+      EXPECT_TRUE(c.Run().ok());
+    }
+  };
+  Call causal;  // Lq = 5, Lk = 7
+  causal.options.causal = true;
+  expect_unset(causal, "causal");
+  Call left;
+  left.options.window_left = 2;
+  expect_unset(left, "window_left");
+  Call right;
+  right.options.window_right = 0;
+  expect_unset(right, "window_right");
+  Call alibi;
+  alibi.options.alibi_slopes = alibi.slopes;
+  expect_unset(alibi, "alibi_slopes");
+
+  // Lq = Lk: the same unless kv lengths move the bottom-right rows.
+  std::vector<float> k(2 * 2 * 5 * 8, 0.5f), v(2 * 2 * 5 * 6, 1.0f);
+  const int32_t lens[2] = {5, 3};
+  for (bool with_lengths : {false, true}) {
+    Call square;
+    square.kv = MakeBHSD(k.data(), DType::kF32, 2, 2, 5, 8);
+    square.vv = MakeBHSD(v.data(), DType::kF32, 2, 2, 5, 6);
+    square.options.causal = true;
+    square.options.window_left = 1;
+    square.options.alibi_slopes = square.slopes;
+    if (!with_lengths) {
+      EXPECT_TRUE(square.Run().ok());
+      continue;
+    }
+    square.options.kv_lengths_i32 = lens;
+    ExpectInvalid(square, "Lq = 5, Lk = 5 with kv lengths");
+  }
+  // Nothing that uses p(i): no alignment needed whatever the lengths.
+  Call plain;
+  plain.options.kv_lengths = plain.kv_lengths;
+  EXPECT_TRUE(plain.Run().ok());
+}
+
 TEST(ValidateTest, LseShape) {
   Call c;
   c.lsev.shape[2] = 4;
@@ -265,12 +331,32 @@ TEST(TargetTest, EnvironmentVariableCapsAndBadNamesFail) {
   EXPECT_EQ(selected, avail.front());
   SetMaxTarget(nullptr);
 
+  // A name that is no target: SelectedTarget reports it every time, the
+  // first call once (naming the variable and the known targets), and later
+  // calls ignore it.
   ASSERT_EQ(setenv("SIMDATTN_MAX_TARGET", "NOT_A_TARGET", 1), 0);
+  for (int i = 0; i < 2; ++i) {
+    selected.clear();
+    const Status sel = SelectedTarget(&selected);
+    EXPECT_EQ(sel.code, StatusCode::kInvalidArgument);
+    EXPECT_NE(sel.message.find("SIMDATTN_MAX_TARGET = 'NOT_A_TARGET'"), std::string::npos)
+        << sel.message;
+    EXPECT_EQ(selected, ExpectedDefaultTarget());
+  }
   Call c;
   const Status s = c.Run();
   EXPECT_EQ(s.code, StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message.find("NOT_A_TARGET"), std::string::npos);
+  EXPECT_NE(s.message.find("SIMDATTN_MAX_TARGET = 'NOT_A_TARGET'"), std::string::npos)
+      << s.message;
+  EXPECT_NE(s.message.find("SCALAR"), std::string::npos) << s.message;
   EXPECT_TRUE(c.OutputsUntouched());
+  RunInfo info;
+  for (int i = 0; i < 2; ++i) {
+    Call later;
+    ASSERT_TRUE(Attention(later.qv, later.kv, later.vv, later.ov, later.options,
+                          later.lsev, {}, &info).ok());
+    EXPECT_EQ(std::string(info.target), ExpectedDefaultTarget());
+  }
   unsetenv("SIMDATTN_MAX_TARGET");
 
   const Status bad = SetMaxTarget("AVX9000");
@@ -278,6 +364,27 @@ TEST(TargetTest, EnvironmentVariableCapsAndBadNamesFail) {
   EXPECT_NE(bad.message.find("AVX9000"), std::string::npos);
   ASSERT_TRUE(SelectedTarget(&selected).ok());
   EXPECT_EQ(selected, ExpectedDefaultTarget());  // unchanged, no cap
+}
+
+// ExecutionOptions::max_target caps one call, over SetMaxTarget's cap.
+TEST(TargetTest, CallCapLandsOnEachTarget) {
+  ASSERT_TRUE(SetMaxTarget(AvailableTargets().front().c_str()).ok());
+  for (const std::string& target : AvailableTargets()) {
+    Call c;
+    ExecutionOptions exec;
+    exec.max_target = target.c_str();
+    RunInfo info;
+    ASSERT_TRUE(Attention(c.qv, c.kv, c.vv, c.ov, c.options, c.lsev, exec, &info).ok());
+    EXPECT_EQ(std::string(info.target), target);
+  }
+  SetMaxTarget(nullptr);
+  Call c;
+  ExecutionOptions exec;
+  exec.max_target = "AVX9000";
+  const Status s = Attention(c.qv, c.kv, c.vv, c.ov, c.options, c.lsev, exec);
+  EXPECT_EQ(s.code, StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message.find("max_target = 'AVX9000'"), std::string::npos) << s.message;
+  EXPECT_TRUE(c.OutputsUntouched());
 }
 
 TEST(TargetTest, CompiledTargetsIncludeAvailableOnes) {

@@ -166,6 +166,7 @@ TEST(VariantTest, ExplicitMasks) {
       Case m = c;
       m.options.mask = t->View();
       m.options.causal = causal;
+      m.options.alignment = Alignment::kTopLeft;
       CheckAllTargets(m, in);
     }
   }
@@ -204,6 +205,7 @@ TEST(VariantTest, MaskTilesHiddenFromEveryRowAreSkipped) {
       m.options.mask = mask.View();
       m.options.window_left = window;
       m.options.window_right = window;
+      m.options.alignment = Alignment::kTopLeft;
       SCOPED_TRACE(testing::Message() << "f16 " << f16 << " window " << window);
       ForEachTarget(m, in, [&](const Outputs& out) {
         for (int64_t h = 0; h < 2; ++h)
@@ -260,12 +262,14 @@ TEST(VariantTest, Combinations) {
     switch (combo) {
       case 0:  // causal + window + sinks
         c.options.causal = true;
+        c.options.alignment = Alignment::kTopLeft;
         c.options.window_left = 16;
         c.options.sinks = sinks;
         break;
       case 1:  // mask + ALiBi + softcap
         c.options.mask = bias.View();
         c.options.alibi_slopes = slopes;
+        c.options.alignment = Alignment::kTopLeft;
         c.options.softcap = 5.0f;
         break;
       case 2:  // GQA (MQA) + kv_lengths, bottom-right causal
@@ -303,6 +307,7 @@ TEST(VariantTest, DropoutMatchesReference) {
       c.dk = 16;
       c.dv = 20;
       c.options.causal = causal;
+      c.options.alignment = Alignment::kTopLeft;
       c.options.dropout_p = p;
       c.options.dropout_seed = 0x123456789ull + n;
       CheckCase(c, 2700 + n++);

@@ -33,3 +33,6 @@ ensure_arm64_arch() {
 NATIVE_PACKAGES=(g++ cmake ninja-build pkg-config libhwy-dev libgtest-dev
                  libbenchmark-dev libcli11-dev)
 BENCH_PACKAGES=(libdnnl-dev)  # bench.sh adds gnuplot-nox for its chart
+# The Python package and its tests (Debian's Python, not another one on PATH).
+PYTHON_PACKAGES=(python3-dev pybind11-dev python3-numpy python3-pytest python3-torch)
+PYTHON=/usr/bin/python3

@@ -116,11 +116,8 @@ int PrintInfo() {
   }
   std::string selected;
   const Status s = SelectedTarget(&selected);
-  if (!s.ok()) {
-    std::cout << std::flush;
-    return Error(s.message);
-  }
   std::cout << "selected target: " << selected << std::endl;
+  if (!s.ok()) return Error(s.message);  // a SIMDATTN_MAX_TARGET of no target
   const std::vector<std::string> available = AvailableTargets();
   if ((env == nullptr || env[0] == '\0') && !available.empty() &&
       available.front() == "AVX3_BF16" && selected != "AVX3_BF16") {
@@ -646,10 +643,10 @@ bool ParseScale(const std::string& text, float* scale, std::string* error) {
 bool ParseCausalAndAlign(const RunArgs& args, AttentionOptions* options,
                          std::string* error) {
   if (!args.causal.empty()) {
-    if (!ParseAlignment("--causal", args.causal, &options->alignment, error)) {
-      return false;
-    }
+    Alignment align;
+    if (!ParseAlignment("--causal", args.causal, &align, error)) return false;
     options->causal = true;
+    options->alignment = align;
   }
   if (!args.align.empty()) {
     Alignment align;
@@ -879,6 +876,9 @@ bool Compute(const RunArgs& args, const RunConfig& config,
                              out->lsev, exec, &info);
   if (!s.ok()) {
     *error = std::string(StatusCodeName(s.code)) + ": " + s.message;
+    if (s.message.rfind("alignment is unset", 0) == 0) {
+      *error += " (--align or --causal)";
+    }
     if (config.bshd && s.code == StatusCode::kInvalidArgument) {
       *error += " (shapes are logical [B, H, L, D]; bshd files hold "
                 "[B, L, H, D])";
@@ -1007,7 +1007,8 @@ void AddRunVariantOptions(CLI::App* run, RunArgs* args, GivenOptions* given) {
                   "causal mask with alignment top-left or bottom-right");
   run->add_option("--align", args->align,
                   "query alignment (top-left or bottom-right) when not causal; "
-                  "used by --window-left/right and --alibi-slopes");
+                  "used by --window-left/right and --alibi-slopes, and "
+                  "required by them when Lq != Lk or with --kv-lens");
   given->mask = run->add_option(
       "--mask", args->mask,
       "M.npy: '|b1' (1 = attend) or additive '<f4'/'<f2' mask of any shape "

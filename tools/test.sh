@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds simdattn for x86-64 and aarch64, and runs
-# every test: natively on each x86 target this CPU has, and under qemu-user
-# for NEON, SVE (512, 256 bit) and SVE2 (128, 256, 512 bit).
+# every test: natively on each x86 target this CPU has (C++, C and the
+# Python package's pytest suite), under qemu-user for NEON, SVE (512, 256
+# bit) and SVE2 (128, 256, 512 bit), then against the installed package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/common.sh
 
 JOBS=${JOBS:-$(nproc)}
-ensure_packages "${NATIVE_PACKAGES[@]}" "${BENCH_PACKAGES[@]}"
+ensure_packages "${NATIVE_PACKAGES[@]}" "${BENCH_PACKAGES[@]}" "${PYTHON_PACKAGES[@]}"
 ensure_arm64_arch
 ensure_packages g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:arm64
 
@@ -30,7 +31,8 @@ echo "== x86 targets this CPU must run:$expect"
 
 echo "== configure x86-64 and aarch64"
 cmake -S . -B build/x86 -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DSIMDATTN_EXPECT_TARGETS="${expect# }" -DSIMDATTN_BUILD_BENCH=ON
+      -DSIMDATTN_EXPECT_TARGETS="${expect# }" -DSIMDATTN_BUILD_BENCH=ON \
+      -DSIMDATTN_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$PYTHON"
 cmake -S . -B build/arm64 -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
       -DSIMDATTN_BUILD_TOOLS=OFF -DSIMDATTN_BUILD_BENCH=OFF
@@ -65,21 +67,41 @@ echo "== aarch64 tests (qemu-user)"
 ctest --test-dir build/arm64 --output-on-failure -j "$JOBS" || status=1
 grep -h "targets run" build/arm64/Testing/Temporary/LastTest.log || status=1
 
-echo "== installed package: find_package(simdattn) and pkg-config"
-rm -rf build/prefix build/consumer
+echo "== installed package: find_package(simdattn) and pkg-config, C++ and C"
+rm -rf build/prefix build/consumer build/consumer-c
 cmake --install build/x86 --prefix "$PWD/build/prefix" > /dev/null
-cmake -S tests/package -B build/consumer -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/prefix" > /dev/null
-cmake --build build/consumer > /dev/null
-if build/consumer/consumer && \
-   PKG_CONFIG_PATH="$PWD/build/prefix/lib/pkgconfig" \
-   g++ -std=c++17 tests/package/consumer.cc -o build/consumer/consumer_pc \
-       $(PKG_CONFIG_PATH="$PWD/build/prefix/lib/pkgconfig" pkg-config --cflags --libs --static simdattn) && \
-   build/consumer/consumer_pc; then
-  echo "package: 2 passed, 0 failed"
-else
-  echo "package: 0 passed, 1 failed"
-  status=1
-fi
+mkdir -p build/consumer build/consumer-c
+package_passed=0
+package_failed=0
+package_check() {  # name, command...
+  local name=$1; shift
+  if "$@" > build/package-check.log 2>&1; then
+    package_passed=$((package_passed + 1))
+  else
+    echo "package: $name FAILED"; cat build/package-check.log
+    package_failed=$((package_failed + 1))
+  fi
+}
+package_check "C++ consumer (CMake)" bash -c "
+  cmake -S tests/package -B build/consumer -G Ninja -DCMAKE_PREFIX_PATH=$PWD/build/prefix &&
+  cmake --build build/consumer && build/consumer/consumer"
+package_check "C++ consumer (pkg-config)" bash -c "
+  g++ -std=c++17 tests/package/consumer.cc -o build/consumer/consumer_pc \
+      \$(PKG_CONFIG_PATH=$PWD/build/prefix/lib/pkgconfig pkg-config --cflags --libs --static simdattn) &&
+  build/consumer/consumer_pc"
+package_check "C example (CMake, a C-only project)" bash -c "
+  cmake -S tests/package/c -B build/consumer-c -G Ninja -DCMAKE_PREFIX_PATH=$PWD/build/prefix &&
+  cmake --build build/consumer-c && build/consumer-c/decode_c"
+package_check "C example (pkg-config, gcc -std=c99 -pedantic -Werror)" bash -c "
+  gcc -std=c99 -pedantic -Wall -Wextra -Werror examples/decode.c -o build/consumer-c/decode_pc \
+      \$(PKG_CONFIG_PATH=$PWD/build/prefix/lib/pkgconfig pkg-config --cflags --libs --static simdattn) &&
+  build/consumer-c/decode_pc"
+package_check "Python package (cmake --install), its pytest suite" bash -c "
+  site=\$(dirname \$(dirname \$(find $PWD/build/prefix -path '*/simdattn/__init__.py'))) &&
+  cd build && PYTHONPATH=\$site SIMDATTN_EXPECT_TARGETS='${expect# }' \
+      $PYTHON -m pytest -q -p no:cacheprovider ../python/tests"
+echo "package: $package_passed passed, $package_failed failed"
+[ $package_failed -eq 0 ] || status=1
 
 if [ $status -ne 0 ]; then echo "== FAILED"; else echo "== all tests passed"; fi
 exit $status

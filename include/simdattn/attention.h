@@ -5,6 +5,7 @@
 #ifndef SIMDATTN_ATTENTION_H_
 #define SIMDATTN_ATTENTION_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -20,11 +21,13 @@ namespace simdattn {
 
 // ---------------------------------------------------------------- Status
 
+// The same numbers as the C API's SIMDATTN_OK ... SIMDATTN_INTERNAL.
 enum class StatusCode : int32_t {
   kOk = 0,
   kInvalidArgument = 1,  // bad shapes, strides, pointers, option values
   kUnimplemented = 2,    // valid call that no fast path covers yet
-  kInternal = 3,         // resource failure (e.g. out of memory)
+  kOutOfMemory = 3,      // a buffer could not be allocated
+  kInternal = 4,         // anything else that should not happen
 };
 
 // Result of every call that can fail. `message` names the offending argument
@@ -110,7 +113,11 @@ struct AttentionOptions {
   // Hide keys j > p(i).
   bool causal = false;
   // Alignment used by causal, windows and ALiBi (with or without causal).
-  Alignment alignment = Alignment::kTopLeft;
+  // It may stay unset only where the two agree (Lq = Lk and no kv lengths)
+  // or where nothing uses p(i); otherwise an unset alignment is
+  // kInvalidArgument, since PyTorch (top-left) and the KV-cache engines
+  // (bottom-right) disagree there.
+  std::optional<Alignment> alignment;
   // Sliding window, FlashAttention 2 convention: key j is visible when
   // p(i) - window_left <= j <= p(i) + window_right. Negative: unbounded.
   int64_t window_left = -1;
@@ -128,8 +135,10 @@ struct AttentionOptions {
   // data with non-zero extents is an error.
   TensorView mask;
   // B valid key counts in [0, Lk]; keys j >= kv_lengths[b] are hidden.
-  // nullptr = all Lk keys valid.
+  // nullptr = all Lk keys valid. kv_lengths_i32 is the same in int32 (as
+  // engines keep them); at most one of the two is set.
   const int64_t* kv_lengths = nullptr;
+  const int32_t* kv_lengths_i32 = nullptr;
   // Dropout on the normalized weights, p in [0, 1); the keep mask is a
   // Philox4x32-10 function of (seed, b, h, i, j), 16 random bits per key, so
   // a key is kept with probability 1 - floor(p * 2^16) / 2^16. 0 = off.
@@ -181,16 +190,34 @@ using ParallelForFn = void (*)(void* user, int64_t num_tasks,
 
 // How a call runs. Priority: parallel_for, then pool, then a process-wide
 // default pool with hardware_concurrency() threads, created on first use.
-// Every thread that runs a task keeps a scratch buffer (a few hundred KiB,
-// sized for the largest head dimension it has seen) for its lifetime, and
-// every calling thread a buffer for the packed K/V of the (batch, KV head)
-// groups in flight (prefill: about 32 MiB, but at least one group's
-// Lk x (Dk + Dv) floats per thread; groups above 256 MiB are not packed), so
-// that steady-state calls allocate nothing.
+//
+// Memory: without a workspace, every thread that runs a task keeps a
+// scratch buffer (a few hundred KiB, sized for the largest head dimension it
+// has seen) for its lifetime, and every calling thread a buffer for the
+// packed K/V of the (batch, KV head) groups in flight (prefill: about
+// 32 MiB, but at least one group's Lk x (Dk + Dv) floats per thread; groups
+// above 256 MiB are not packed) and one for the partial results of split
+// calls, so that steady-state calls allocate nothing. ReleaseThreadBuffers()
+// frees the calling thread's. With a workspace of WorkspaceSize() bytes,
+// every one of these buffers, the workers' scratch included, lies in it and
+// the call allocates nothing at all.
 struct ExecutionOptions {
   ThreadPool* pool = nullptr;
   ParallelForFn parallel_for = nullptr;
   void* parallel_for_user = nullptr;
+  // How many tasks the host parallel-for runs at once (its threads);
+  // 0 = hardware_concurrency(). It sizes the workspace's scratch slots:
+  // a task that finds every slot taken waits for one.
+  int parallel_for_threads = 0;
+  // Caller-owned memory for all of the call's buffers, any alignment, at
+  // least WorkspaceSize() bytes for the same call and executor (else
+  // kInvalidArgument). One workspace serves one call at a time. Null: the
+  // per-thread buffers above.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  // Caps the code path of this call only, as SetMaxTarget does for all
+  // (a target name, case-insensitive); null or "": the process-wide cap.
+  const char* max_target = nullptr;
 };
 
 // Filled by Attention() on success.
@@ -218,10 +245,12 @@ struct RunInfo {
 //                    names it. Nothing is written.
 //   kUnimplemented   valid, but the fast path does not cover this option or
 //                    dtype yet. Nothing is written.
-//   kInternal        out of memory. Nothing is written, except when a
-//                    worker thread (not the caller) fails to allocate its
-//                    scratch mid-call: then O may be partly written and the
-//                    message says so.
+//   kOutOfMemory     a buffer could not be allocated (never with a
+//                    workspace). Nothing is written, except when a worker
+//                    thread (not the caller) fails to allocate its scratch
+//                    mid-call: then O may be partly written and the message
+//                    says so.
+//   kInternal        an unexpected failure; the message says what.
 // Never throws, aborts or prints.
 SIMDATTN_API Status Attention(const TensorView& q, const TensorView& k,
                               const TensorView& v, const MutableTensorView& o,
@@ -229,6 +258,21 @@ SIMDATTN_API Status Attention(const TensorView& q, const TensorView& k,
                               const MutableTensorView& lse = {},
                               const ExecutionOptions& exec = {},
                               RunInfo* info = nullptr);
+
+// The bytes of workspace (ExecutionOptions::workspace) that Attention() needs
+// for these inputs and options on the executor `exec`, with the target a
+// call would choose now (a different cap may need a different size). The
+// outputs do not change it. Validates like Attention() and returns its
+// kInvalidArgument errors.
+SIMDATTN_API Status WorkspaceSize(const TensorView& q, const TensorView& k,
+                                  const TensorView& v,
+                                  const AttentionOptions& options,
+                                  const ExecutionOptions& exec, size_t* bytes);
+
+// Frees the buffers that calls without a workspace cached on the calling
+// thread (its scratch, packed K/V and partial results); the next such call
+// allocates them again. Worker threads keep their own scratch.
+SIMDATTN_API void ReleaseThreadBuffers();
 
 // ---------------------------------------------------------------- Targets
 
@@ -245,13 +289,18 @@ SIMDATTN_API std::vector<std::string> CompiledTargets();
 // the cap set here and goes back to the environment variable
 // SIMDATTN_MAX_TARGET (read at each call). kInvalidArgument for a name that is
 // not a target of this architecture; the cap is then unchanged.
+// A SIMDATTN_MAX_TARGET that names no target fails the first call that
+// reads it (kInvalidArgument, naming the variable and the known targets);
+// later calls ignore it and run uncapped.
 // One exception to "best available": AVX3_BF16 (native bf16 products) runs
 // without being named only on AMD CPUs; elsewhere (Intel, where vdpbf16ps
 // measured slower than the f32 FMAs) only a cap naming it selects it.
 SIMDATTN_API Status SetMaxTarget(const char* name);
 
-// The target the next call will run, after caps; an error when the cap from
-// SIMDATTN_MAX_TARGET is not a known target name.
+// The target the next call will run, after caps. kInvalidArgument whenever
+// SIMDATTN_MAX_TARGET names no target (and no SetMaxTarget cap hides it);
+// *name is then still set, to the target that calls run once they have
+// reported it.
 SIMDATTN_API Status SelectedTarget(std::string* name);
 
 }  // namespace simdattn

@@ -1,0 +1,415 @@
+// The C API (include/simdattn/simdattn.h): converts the C structs to the
+// C++ API's types, checks what only the C structs carry (struct sizes,
+// enum values, the lengths of the option arrays), and keeps each thread's
+// last error message. Nothing here allocates on the path of a call that
+// succeeds.
+
+#include "simdattn/simdattn.h"
+
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "lib/dispatch.h"
+#include "simdattn/attention.h"
+
+struct simdattn_pool {
+  explicit simdattn_pool(int num_threads) : pool(num_threads) {}
+  simdattn::ThreadPool pool;
+};
+
+namespace simdattn {
+namespace {
+
+// The calling thread's last error message, truncated to fit: a plain array,
+// so that no thread-exit destructor is registered (which would allocate).
+thread_local char t_last_error[1024];
+// simdattn_info::max_target_error of the thread's last simdattn_get_info.
+thread_local char t_info_error[1024];
+
+void CopyMessage(const std::string& message, char* out, size_t size) {
+  const size_t n = message.size() < size - 1 ? message.size() : size - 1;
+  std::memcpy(out, message.data(), n);
+  out[n] = '\0';
+}
+
+// Records the outcome of a call for simdattn_last_error and returns its code.
+int Finish(const Status& s) {
+  if (s.ok()) {
+    t_last_error[0] = '\0';
+  } else {
+    CopyMessage(s.message, t_last_error, sizeof(t_last_error));
+  }
+  return static_cast<int>(s.code);
+}
+
+Status Invalid(const std::string& message) {
+  Status s;
+  s.code = StatusCode::kInvalidArgument;
+  s.message = message;
+  return s;
+}
+
+// A struct the caller sized with struct_size: at least this version's size;
+// a larger one (a newer header) only with its unknown tail all zero, since
+// a field added later means "as before" when zero.
+Status CheckStructSize(const char* name, const void* s, size_t given,
+                       size_t known) {
+  if (given < known) {
+    return Invalid(std::string(name) + "->struct_size = " + std::to_string(given) +
+                   ": must be sizeof(" + name + ") = " + std::to_string(known) +
+                   " (set by its _init function)");
+  }
+  const unsigned char* bytes = static_cast<const unsigned char*>(s);
+  for (size_t i = known; i < given; ++i) {
+    if (bytes[i] != 0) {
+      return Invalid(std::string(name) + "->struct_size = " + std::to_string(given) +
+                     ": fields past this library's " + std::to_string(known) +
+                     " bytes are set; this library cannot honor them");
+    }
+  }
+  return Status::Ok();
+}
+
+TensorView ToView(const simdattn_tensor& t) {
+  TensorView v;
+  v.data = t.data;
+  v.dtype = static_cast<DType>(t.dtype);
+  for (int i = 0; i < 4; ++i) {
+    v.shape[i] = t.shape[i];
+    v.strides[i] = t.strides[i];
+  }
+  return v;
+}
+
+MutableTensorView ToMutableView(const simdattn_tensor& t) {
+  MutableTensorView v;
+  v.data = t.data;
+  v.dtype = static_cast<DType>(t.dtype);
+  for (int i = 0; i < 4; ++i) {
+    v.shape[i] = t.shape[i];
+    v.strides[i] = t.strides[i];
+  }
+  return v;
+}
+
+// An option array and its length: null with a count of 0, or a pointer
+// with exactly `want` (the extent it indexes) entries.
+Status CheckArray(const char* name, const void* data, int64_t count,
+                  const char* extent, int64_t want) {
+  if ((data == nullptr && count == 0) || (data != nullptr && count == want)) {
+    return Status::Ok();
+  }
+  const std::string field = std::string("options->num_") + name;
+  if (data == nullptr) {
+    return Invalid(std::string("options->") + name + " is NULL with " + field +
+                   " = " + std::to_string(count));
+  }
+  return Invalid(field + " = " + std::to_string(count) + " but " + extent +
+                 " = " + std::to_string(want) + ": one entry per " +
+                 (std::strcmp(extent, "B") == 0 ? "batch" : "query head"));
+}
+
+// The scalar and enum fields of the options.
+Status ConvertScalars(const simdattn_options& c, AttentionOptions* out) {
+  if (c.has_scale) out->scale = c.scale;
+  out->causal = c.causal != 0;
+  switch (c.alignment) {
+    case SIMDATTN_ALIGN_UNSET:
+      break;
+    case SIMDATTN_ALIGN_TOP_LEFT:
+      out->alignment = Alignment::kTopLeft;
+      break;
+    case SIMDATTN_ALIGN_BOTTOM_RIGHT:
+      out->alignment = Alignment::kBottomRight;
+      break;
+    default:
+      return Invalid("options->alignment = " + std::to_string(c.alignment) +
+                     ": must be SIMDATTN_ALIGN_UNSET, _TOP_LEFT or _BOTTOM_RIGHT");
+  }
+  out->window_left = c.window_left;
+  out->window_right = c.window_right;
+  out->softcap = c.softcap;
+  out->dropout_p = c.dropout_p;
+  out->dropout_seed = c.dropout_seed;
+  return Status::Ok();
+}
+
+// The options of a call whose Q is `q` (for the lengths of the arrays).
+Status ConvertOptions(const simdattn_options* c, const simdattn_tensor& q,
+                      AttentionOptions* out) {
+  if (c == nullptr) return Status::Ok();
+  Status s = CheckStructSize("simdattn_options", c, c->struct_size,
+                             sizeof(simdattn_options));
+  if (!s.ok()) return s;
+  s = ConvertScalars(*c, out);
+  if (!s.ok()) return s;
+  s = CheckArray("alibi_slopes", c->alibi_slopes, c->num_alibi_slopes, "Hq", q.shape[1]);
+  if (!s.ok()) return s;
+  s = CheckArray("sinks", c->sinks, c->num_sinks, "Hq", q.shape[1]);
+  if (!s.ok()) return s;
+  s = CheckArray("kv_lengths", c->kv_lengths, c->num_kv_lengths, "B", q.shape[0]);
+  if (!s.ok()) return s;
+  out->alibi_slopes = c->alibi_slopes;
+  out->sinks = c->sinks;
+  if (c->kv_lengths != nullptr) {
+    if (c->kv_lengths_dtype == SIMDATTN_I32) {
+      out->kv_lengths_i32 = static_cast<const int32_t*>(c->kv_lengths);
+    } else if (c->kv_lengths_dtype == SIMDATTN_I64) {
+      out->kv_lengths = static_cast<const int64_t*>(c->kv_lengths);
+    } else {
+      return Invalid("options->kv_lengths_dtype = " + std::to_string(c->kv_lengths_dtype) +
+                     ": must be SIMDATTN_I32 or SIMDATTN_I64");
+    }
+  }
+  out->mask = ToView(c->mask);
+  return Status::Ok();
+}
+
+Status ConvertExec(const simdattn_exec* c, ExecutionOptions* out) {
+  if (c == nullptr) return Status::Ok();
+  const Status s = CheckStructSize("simdattn_exec", c, c->struct_size,
+                                   sizeof(simdattn_exec));
+  if (!s.ok()) return s;
+  out->pool = c->pool != nullptr ? &c->pool->pool : nullptr;
+  out->parallel_for = c->parallel_for;
+  out->parallel_for_user = c->parallel_for_user;
+  out->parallel_for_threads = c->parallel_for_threads;
+  out->workspace = c->workspace;
+  out->workspace_bytes = c->workspace_bytes;
+  out->max_target = c->max_target;
+  return Status::Ok();
+}
+
+// Q, K and V must be given; their contents are the C++ API's to check.
+Status CheckInputs(const simdattn_tensor* q, const simdattn_tensor* k,
+                   const simdattn_tensor* v) {
+  if (q == nullptr) return Invalid("q is NULL");
+  if (k == nullptr) return Invalid("k is NULL");
+  if (v == nullptr) return Invalid("v is NULL");
+  return Status::Ok();
+}
+
+Status CAttention(const simdattn_tensor* q, const simdattn_tensor* k,
+                 const simdattn_tensor* v, const simdattn_tensor* o,
+                 const simdattn_options* options, const simdattn_tensor* lse,
+                 const simdattn_exec* exec, simdattn_run_info* info) {
+  Status s = CheckInputs(q, k, v);
+  if (!s.ok()) return s;
+  if (o == nullptr) return Invalid("o is NULL");
+  if (info != nullptr && info->struct_size < sizeof(simdattn_run_info)) {
+    return Invalid("info->struct_size = " + std::to_string(info->struct_size) +
+                   ": must be sizeof(simdattn_run_info) = " +
+                   std::to_string(sizeof(simdattn_run_info)));
+  }
+  AttentionOptions opt;
+  s = ConvertOptions(options, *q, &opt);
+  if (!s.ok()) return s;
+  ExecutionOptions ex;
+  s = ConvertExec(exec, &ex);
+  if (!s.ok()) return s;
+  const MutableTensorView lse_view = lse != nullptr ? ToMutableView(*lse) : MutableTensorView();
+  RunInfo run;
+  s = simdattn::Attention(ToView(*q), ToView(*k), ToView(*v), ToMutableView(*o),
+                          opt, lse_view, ex, &run);
+  if (s.ok() && info != nullptr) {
+    info->target = run.target;
+    info->path = run.path;
+    info->num_tasks = run.num_tasks;
+  }
+  return s;
+}
+
+Status CWorkspaceSize(const simdattn_tensor* q, const simdattn_tensor* k,
+                     const simdattn_tensor* v, const simdattn_options* options,
+                     const simdattn_exec* exec, size_t* bytes) {
+  Status s = CheckInputs(q, k, v);
+  if (!s.ok()) return s;
+  if (bytes == nullptr) return Invalid("bytes is NULL");
+  AttentionOptions opt;
+  s = ConvertOptions(options, *q, &opt);
+  if (!s.ok()) return s;
+  ExecutionOptions ex;
+  s = ConvertExec(exec, &ex);
+  if (!s.ok()) return s;
+  return simdattn::WorkspaceSize(ToView(*q), ToView(*k), ToView(*v), opt, ex, bytes);
+}
+
+// Names of the compiled and available targets, as the dispatch table has
+// them now (tests may switch the AMX entry to its emulator); the names are
+// static strings, the arrays live as long as the process.
+struct TargetNames {
+  const char* compiled[64];
+  const char* available[64];
+  int32_t num_compiled = 0;
+  int32_t num_available = 0;
+};
+
+std::mutex g_names_mutex;
+TargetNames g_names;
+
+const TargetNames& Names() {
+  std::lock_guard<std::mutex> lock(g_names_mutex);
+  TargetNames& n = g_names;
+  n.num_compiled = n.num_available = 0;
+  for (const TargetEntry& e : TargetTable()) {
+    if (n.num_compiled == 64) break;
+    n.compiled[n.num_compiled++] = e.name;
+    if (e.supported) n.available[n.num_available++] = e.name;
+  }
+  return n;
+}
+
+Status GetInfo(simdattn_info* info) {
+  if (info == nullptr) return Invalid("info is NULL");
+  if (info->struct_size < sizeof(simdattn_info)) {
+    return Invalid("info->struct_size = " + std::to_string(info->struct_size) +
+                   ": must be sizeof(simdattn_info) = " +
+                   std::to_string(sizeof(simdattn_info)));
+  }
+  const TargetNames& n = Names();
+  info->compiled = n.compiled;
+  info->num_compiled = n.num_compiled;
+  info->available = n.available;
+  info->num_available = n.num_available;
+  std::string selected;
+  const Status s = SelectedTarget(&selected);
+  info->selected = "";
+  for (int32_t i = 0; i < n.num_compiled; ++i) {
+    if (selected == n.compiled[i]) info->selected = n.compiled[i];
+  }
+  info->max_target_error = nullptr;
+  if (!s.ok()) {
+    CopyMessage(s.message, t_info_error, sizeof(t_info_error));
+    info->max_target_error = t_info_error;
+  }
+  return Status::Ok();
+}
+
+// Runs a call of the C API: its outcome recorded for simdattn_last_error,
+// exceptions turned into status codes.
+template <class Call>
+int Guarded(const Call& call) {
+  try {
+    return Finish(call());
+  } catch (const std::bad_alloc&) {
+    Status s;
+    s.code = StatusCode::kOutOfMemory;
+    s.message = "out of memory";
+    return Finish(s);
+  } catch (...) {
+    Status s;
+    s.code = StatusCode::kInternal;
+    s.message = "unexpected exception";
+    return Finish(s);
+  }
+}
+
+simdattn_tensor MakeTensor(void* data, int32_t dtype, int64_t b, int64_t h,
+                           int64_t s, int64_t d, bool bshd) {
+  const MutableTensorView v =
+      bshd ? MakeBSHD(data, static_cast<DType>(dtype), b, h, s, d)
+           : MakeBHSD(data, static_cast<DType>(dtype), b, h, s, d);
+  simdattn_tensor t;
+  t.data = v.data;
+  t.dtype = dtype;
+  for (int i = 0; i < 4; ++i) {
+    t.shape[i] = v.shape[i];
+    t.strides[i] = v.strides[i];
+  }
+  return t;
+}
+
+#define SIMDATTN_STR2(x) #x
+#define SIMDATTN_STR(x) SIMDATTN_STR2(x)
+
+}  // namespace
+}  // namespace simdattn
+
+extern "C" {
+
+const char* simdattn_last_error(void) { return simdattn::t_last_error; }
+
+const char* simdattn_status_name(int status) {
+  return status >= SIMDATTN_OK && status <= SIMDATTN_INTERNAL
+             ? simdattn::StatusCodeName(static_cast<simdattn::StatusCode>(status))
+             : "unknown";
+}
+
+const char* simdattn_version(void) {
+  return SIMDATTN_STR(SIMDATTN_VERSION_MAJOR) "." SIMDATTN_STR(
+      SIMDATTN_VERSION_MINOR) "." SIMDATTN_STR(SIMDATTN_VERSION_PATCH);
+}
+
+int simdattn_abi_version(void) { return SIMDATTN_ABI_VERSION; }
+
+simdattn_tensor simdattn_bhsd(void* data, int32_t dtype, int64_t b, int64_t h,
+                              int64_t s, int64_t d) {
+  return simdattn::MakeTensor(data, dtype, b, h, s, d, false);
+}
+
+simdattn_tensor simdattn_bshd(void* data, int32_t dtype, int64_t b, int64_t h,
+                              int64_t s, int64_t d) {
+  return simdattn::MakeTensor(data, dtype, b, h, s, d, true);
+}
+
+void simdattn_options_init(simdattn_options* options) {
+  if (options == nullptr) return;
+  std::memset(options, 0, sizeof(*options));
+  options->struct_size = sizeof(*options);
+  options->window_left = -1;
+  options->window_right = -1;
+  options->kv_lengths_dtype = SIMDATTN_I64;
+}
+
+void simdattn_exec_init(simdattn_exec* exec) {
+  if (exec == nullptr) return;
+  std::memset(exec, 0, sizeof(*exec));
+  exec->struct_size = sizeof(*exec);
+}
+
+simdattn_pool* simdattn_pool_create(int32_t num_threads) {
+  try {
+    return new simdattn_pool(num_threads);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void simdattn_pool_destroy(simdattn_pool* pool) { delete pool; }
+
+int32_t simdattn_pool_num_threads(const simdattn_pool* pool) {
+  return pool != nullptr ? pool->pool.num_threads() : 0;
+}
+
+int simdattn_attention(const simdattn_tensor* q, const simdattn_tensor* k,
+                       const simdattn_tensor* v, const simdattn_tensor* o,
+                       const simdattn_options* options,
+                       const simdattn_tensor* lse, const simdattn_exec* exec,
+                       simdattn_run_info* info) {
+  return simdattn::Guarded(
+      [&] { return simdattn::CAttention(q, k, v, o, options, lse, exec, info); });
+}
+
+int simdattn_workspace_size(const simdattn_tensor* q, const simdattn_tensor* k,
+                            const simdattn_tensor* v,
+                            const simdattn_options* options,
+                            const simdattn_exec* exec, size_t* bytes) {
+  return simdattn::Guarded(
+      [&] { return simdattn::CWorkspaceSize(q, k, v, options, exec, bytes); });
+}
+
+void simdattn_release_thread_buffers(void) { simdattn::ReleaseThreadBuffers(); }
+
+int simdattn_get_info(simdattn_info* info) {
+  return simdattn::Guarded([&] { return simdattn::GetInfo(info); });
+}
+
+int simdattn_set_max_target(const char* name) {
+  return simdattn::Guarded([&] { return simdattn::SetMaxTarget(name); });
+}
+
+}  // extern "C"

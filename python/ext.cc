@@ -1,0 +1,146 @@
+// simdattn._simdattn: the compiled half of the Python package. It takes
+// operands already described by simdattn/__init__.py (address, dtype,
+// shape and strides in elements), calls the C API with the GIL released,
+// and returns the status and message for Python to raise. Thread pools are
+// kept per thread count for the life of the process.
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "simdattn/simdattn.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// (address, dtype, shape, strides): a 4-D operand as the Python side
+// describes it. Its memory is kept alive by the caller for the call.
+using Operand = std::tuple<uintptr_t, int32_t, std::array<int64_t, 4>,
+                           std::array<int64_t, 4>>;
+// (address, count, dtype) of an option array; address 0: absent.
+using Vector = std::tuple<uintptr_t, int64_t, int32_t>;
+
+simdattn_tensor ToTensor(const Operand& op) {
+  simdattn_tensor t;
+  t.data = reinterpret_cast<void*>(std::get<0>(op));
+  t.dtype = std::get<1>(op);
+  for (int i = 0; i < 4; ++i) {
+    t.shape[i] = std::get<2>(op)[i];
+    t.strides[i] = std::get<3>(op)[i];
+  }
+  return t;
+}
+
+// The pool of `threads` threads, created on first use and kept.
+simdattn_pool* PoolOf(int32_t threads) {
+  static std::mutex mutex;
+  static std::map<int32_t, simdattn_pool*> pools;
+  std::lock_guard<std::mutex> lock(mutex);
+  simdattn_pool*& pool = pools[threads];
+  if (pool == nullptr) pool = simdattn_pool_create(threads);
+  return pool;
+}
+
+struct Options {
+  simdattn_options c;
+  Options(bool has_scale, float scale, bool causal, int32_t alignment,
+          int64_t window_left, int64_t window_right, float softcap,
+          const Vector& slopes, const Vector& sinks, const Vector& lengths,
+          float dropout_p, uint64_t seed) {
+    simdattn_options_init(&c);
+    c.has_scale = has_scale;
+    c.scale = scale;
+    c.causal = causal;
+    c.alignment = alignment;
+    c.window_left = window_left;
+    c.window_right = window_right;
+    c.softcap = softcap;
+    c.alibi_slopes = reinterpret_cast<const float*>(std::get<0>(slopes));
+    c.num_alibi_slopes = std::get<1>(slopes);
+    c.sinks = reinterpret_cast<const float*>(std::get<0>(sinks));
+    c.num_sinks = std::get<1>(sinks);
+    c.kv_lengths = reinterpret_cast<const void*>(std::get<0>(lengths));
+    c.num_kv_lengths = std::get<1>(lengths);
+    c.kv_lengths_dtype = std::get<2>(lengths);
+    c.dropout_p = dropout_p;
+    c.dropout_seed = seed;
+  }
+};
+
+// Runs one call; returns (status, message, target, path).
+py::tuple Attention(const Operand& q, const Operand& k, const Operand& v,
+                    const Operand& o, py::object lse, py::object mask,
+                    const Options& options, int32_t threads,
+                    const std::string& target) {
+  simdattn_options opt = options.c;
+  const simdattn_tensor tq = ToTensor(q), tk = ToTensor(k), tv = ToTensor(v),
+                        to = ToTensor(o);
+  simdattn_tensor tlse;
+  const bool has_lse = !lse.is_none();
+  if (has_lse) tlse = ToTensor(lse.cast<Operand>());
+  if (!mask.is_none()) opt.mask = ToTensor(mask.cast<Operand>());
+  simdattn_exec exec;
+  simdattn_exec_init(&exec);
+  exec.max_target = target.empty() ? nullptr : target.c_str();
+  if (threads > 0) {
+    exec.pool = PoolOf(threads);
+    if (exec.pool == nullptr) {
+      return py::make_tuple(int{SIMDATTN_OUT_OF_MEMORY},
+                            "could not create a pool of threads", "", "");
+    }
+  }
+  simdattn_run_info info;
+  info.struct_size = sizeof(info);
+  int status;
+  std::string message;
+  {
+    py::gil_scoped_release release;
+    status = simdattn_attention(&tq, &tk, &tv, &to, &opt, has_lse ? &tlse : nullptr,
+                                &exec, &info);
+    if (status != SIMDATTN_OK) message = simdattn_last_error();
+  }
+  if (status != SIMDATTN_OK) return py::make_tuple(status, message, "", "");
+  return py::make_tuple(status, "", info.target, info.path);
+}
+
+py::dict Info() {
+  simdattn_info info;
+  info.struct_size = sizeof(info);
+  simdattn_get_info(&info);
+  std::vector<std::string> compiled(info.compiled, info.compiled + info.num_compiled);
+  std::vector<std::string> available(info.available, info.available + info.num_available);
+  py::dict d;
+  d["compiled"] = compiled;
+  d["available"] = available;
+  d["selected"] = std::string(info.selected);
+  d["max_target_error"] = info.max_target_error != nullptr
+                              ? py::object(py::str(info.max_target_error))
+                              : py::object(py::none());
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_simdattn, m) {
+  m.doc() = "simdattn's compiled core; use the simdattn package.";
+  py::class_<Options>(m, "Options")
+      .def(py::init<bool, float, bool, int32_t, int64_t, int64_t, float, Vector,
+                    Vector, Vector, float, uint64_t>());
+  m.def("attention", &Attention);
+  m.def("info", &Info);
+  m.def("version", [] { return std::string(simdattn_version()); });
+  m.attr("OK") = int{SIMDATTN_OK};
+  m.attr("INVALID_ARGUMENT") = int{SIMDATTN_INVALID_ARGUMENT};
+  m.attr("UNIMPLEMENTED") = int{SIMDATTN_UNIMPLEMENTED};
+  m.attr("OUT_OF_MEMORY") = int{SIMDATTN_OUT_OF_MEMORY};
+  m.attr("INTERNAL") = int{SIMDATTN_INTERNAL};
+}

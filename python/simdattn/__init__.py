@@ -1,0 +1,286 @@
+"""simdattn: fused scaled dot-product attention on CPUs.
+
+    out = simdattn.attention(q, k, v, causal=True, alignment="bottom-right")
+
+q, k, v (and out, mask) are NumPy arrays or PyTorch CPU tensors, read in
+place through their strides; the result is of q's kind. Every option is
+docs/SEMANTICS.md's. NumPy and PyTorch are each needed only for their own
+arrays.
+"""
+
+import array as _array
+import math as _math
+
+from . import _simdattn
+
+__all__ = ["attention", "info", "__version__"]
+
+__version__ = _simdattn.version()
+
+_F32, _F16, _BF16, _BOOL = 0, 1, 2, 3
+_I32, _I64 = 4, 5
+_ERRORS = {
+    _simdattn.INVALID_ARGUMENT: ValueError,
+    _simdattn.UNIMPLEMENTED: NotImplementedError,
+    _simdattn.OUT_OF_MEMORY: MemoryError,
+    _simdattn.INTERNAL: RuntimeError,
+}
+_ALIGNMENTS = {None: 0, "top-left": 1, "bottom-right": 2}
+
+
+def info():
+    """The code paths of this build: a dict with "compiled" and "available"
+    (names, best first), "selected" (what the next call without a target
+    runs) and "max_target_error" (why SIMDATTN_MAX_TARGET is ignored, or
+    None)."""
+    return _simdattn.info()
+
+
+class _Operand:
+    """A 4-D (or shorter) array as the library reads it: address, dtype
+    code, shape and strides in elements, and whether it is a torch tensor."""
+
+    def __init__(self, address, dtype, shape, strides, torch_kind, writable):
+        self.address = address
+        self.dtype = dtype
+        self.shape = tuple(shape)
+        self.strides = tuple(strides)
+        self.torch_kind = torch_kind
+        self.writable = writable
+
+    def as_tuple(self):
+        return (self.address, self.dtype, self.shape, self.strides)
+
+
+def _is_torch(x):
+    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "data_ptr")
+
+
+def _is_numpy(x):
+    return type(x).__module__.split(".")[0] == "numpy" and hasattr(x, "__array_interface__")
+
+
+def _numpy_dtype_code(x, name, allowed):
+    kind, size = x.dtype.kind, x.dtype.itemsize
+    code = {("f", 4): _F32, ("f", 2): _F16, ("b", 1): _BOOL}.get((kind, size))
+    if code is None or code not in allowed or not x.dtype.isnative:
+        raise ValueError(f"{name}.dtype = {x.dtype}: must be one of "
+                         f"{_names(allowed, 'numpy')}")
+    return code
+
+
+def _torch_dtype_code(x, name, allowed):
+    import torch
+    code = {torch.float32: _F32, torch.float16: _F16, torch.bfloat16: _BF16,
+            torch.bool: _BOOL}.get(x.dtype)
+    if code is None or code not in allowed:
+        raise ValueError(f"{name}.dtype = {x.dtype}: must be one of "
+                         f"{_names(allowed, 'torch')}")
+    return code
+
+
+def _names(codes, kind):
+    names = {_F32: "float32", _F16: "float16", _BF16: "bfloat16", _BOOL: "bool"}
+    return ", ".join(names[c] for c in codes if kind == "torch" or c != _BF16)
+
+
+def _describe(x, name, allowed=(_F32, _F16, _BF16)):
+    """The operand `name` (a NumPy array or a torch CPU tensor)."""
+    if _is_torch(x):
+        import torch
+        if x.device.type != "cpu":
+            raise ValueError(f"{name} is on {x.device}: simdattn reads CPU tensors")
+        if x.layout != torch.strided:
+            raise ValueError(f"{name} has layout {x.layout}: must be strided (dense)")
+        code = _torch_dtype_code(x, name, allowed)
+        return _Operand(x.data_ptr(), code, x.shape, x.stride(), True, True)
+    if _is_numpy(x):
+        code = _numpy_dtype_code(x, name, allowed)
+        size = x.dtype.itemsize
+        if any(s % size for s in x.strides):
+            raise ValueError(f"{name}.strides = {x.strides} (bytes): must be "
+                             f"multiples of the item size {size}")
+        address = x.__array_interface__["data"][0]
+        strides = tuple(s // size for s in x.strides)
+        return _Operand(address, code, x.shape, strides, False, x.flags.writeable)
+    raise TypeError(f"{name} must be a NumPy array or a torch tensor, "
+                    f"got {type(x).__name__}")
+
+
+def _four_d(op, name, layout):
+    """The logical [B, H, S, D] view of a 4-D operand given in `layout`."""
+    if len(op.shape) != 4:
+        raise ValueError(f"{name} has {len(op.shape)} dimensions, shape "
+                         f"{op.shape}: must be 4-D ({layout.upper()})")
+    if layout == "bshd":
+        op.shape = (op.shape[0], op.shape[2], op.shape[1], op.shape[3])
+        op.strides = (op.strides[0], op.strides[2], op.strides[1], op.strides[3])
+    return op
+
+
+def _vector(x, name, want, integer):
+    """An option array of `want` entries: (address, count, dtype code) and
+    the object holding its memory. Integer arrays may be int32 or int64
+    (read in place when contiguous); float ones become float32."""
+    if x is None:
+        return (0, 0, _I64), None
+    if _is_torch(x):
+        import torch
+        if x.device.type != "cpu":
+            raise ValueError(f"{name} is on {x.device}: must be on the CPU")
+        if integer and (x.dtype.is_floating_point or x.dtype.is_complex):
+            raise ValueError(f"{name}.dtype = {x.dtype}: must be an integer type")
+        if integer and x.dtype not in (torch.int32, torch.int64):
+            x = x.to(torch.int64)
+        if not integer and x.dtype != torch.float32:
+            x = x.to(torch.float32)
+        x = x.contiguous()
+        shape, address = tuple(x.shape), x.data_ptr()
+        code = _I32 if x.dtype == torch.int32 else _I64
+    elif _is_numpy(x):
+        import numpy as np
+        if integer and x.dtype.kind not in "iub":
+            raise ValueError(f"{name}.dtype = {x.dtype}: must be an integer type")
+        if integer and x.dtype not in (np.int32, np.int64):
+            x = x.astype(np.int64)
+        if not integer and x.dtype != np.float32:
+            x = x.astype(np.float32)
+        x = np.ascontiguousarray(x)
+        shape, address = x.shape, x.__array_interface__["data"][0]
+        code = _I32 if x.dtype == np.int32 else _I64
+    else:
+        try:
+            x = _array.array("q" if integer else "f", x)
+        except (TypeError, OverflowError) as e:
+            raise ValueError(f"{name}: {e}") from None
+        shape, address, code = (len(x),), x.buffer_info()[0], _I64
+    if len(shape) != 1 or shape[0] != want:
+        what = "B" if integer else "Hq"
+        raise ValueError(f"{name} has shape {shape}: must be ({what} = {want},)")
+    return (address, want, code), x
+
+
+def _mask(mask):
+    """The mask as a logical [B, Hq, Lq, Lk] operand (NumPy broadcasting:
+    missing leading dimensions are 1)."""
+    if mask is None:
+        return None
+    op = _describe(mask, "mask", (_BOOL, _F32, _F16))
+    if not 1 <= len(op.shape) <= 4:
+        raise ValueError(f"mask has shape {op.shape}: must have 1 to 4 "
+                         "dimensions broadcasting to [B, Hq, Lq, Lk]")
+    pad = 4 - len(op.shape)
+    op.shape = (1,) * pad + op.shape
+    op.strides = (0,) * pad + op.strides
+    return op
+
+
+def _new_like(op, shape, dtype_code):
+    """A new array of `shape`, of op's kind (ndarray or tensor)."""
+    if op.torch_kind:
+        import torch
+        dtype = {_F32: torch.float32, _F16: torch.float16, _BF16: torch.bfloat16}[dtype_code]
+        return torch.empty(shape, dtype=dtype)
+    import numpy as np
+    return np.empty(shape, dtype={_F32: np.float32, _F16: np.float16}[dtype_code])
+
+
+def _check_scalars(scale, window, softcap, dropout_p, seed, threads, target):
+    if scale is not None and not (isinstance(scale, (int, float)) and _math.isfinite(scale)
+                                  and scale >= 0):
+        raise ValueError(f"scale = {scale!r}: must be None or a finite number >= 0")
+    if (not isinstance(window, (tuple, list)) or len(window) != 2
+            or not all(isinstance(w, int) for w in window)):
+        raise ValueError(f"window = {window!r}: must be (left, right), "
+                         "two ints (negative: unbounded)")
+    if any(abs(w) >= 2**63 for w in window):
+        raise ValueError(f"window = {window!r}: out of the int64 range")
+    for what, x in (("softcap", softcap), ("dropout_p", dropout_p)):
+        if not isinstance(x, (int, float)):
+            raise ValueError(f"{what} = {x!r}: must be a number")
+    if not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed = {seed!r}: must be an int in [0, 2**64)")
+    if threads is not None and (not isinstance(threads, int) or not 1 <= threads <= 1024):
+        raise ValueError(f"threads = {threads!r}: must be None or an int in 1..1024")
+    if target is not None and not isinstance(target, str):
+        raise ValueError(f"target = {target!r}: must be None or a target name")
+
+
+def _outputs(q, v, out, return_lse, layout):
+    """out (given or new, in `layout`) and the optional LSE [B, Hq, Lq]."""
+    b, hq, lq, dv = q.shape[0], q.shape[1], q.shape[2], v.shape[3]
+    if out is None:
+        shape = (b, hq, lq, dv) if layout == "bhsd" else (b, lq, hq, dv)
+        out = _new_like(q, shape, q.dtype)
+    o = _four_d(_describe(out, "out"), "out", layout)
+    if not o.writable:
+        raise ValueError("out is read-only")
+    lse = lse_op = None
+    if return_lse:
+        lse = _new_like(q, (b, hq, lq), _F32)
+        lse_op = _describe(lse, "lse", (_F32,))
+        lse_op.shape += (1,)
+        lse_op.strides += (1,)
+    return out, o, lse, lse_op
+
+
+def attention(q, k, v, *, out=None, return_lse=False, layout="bhsd", scale=None,
+              causal=False, alignment=None, mask=None, kv_lengths=None,
+              window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
+              dropout_p=0.0, seed=0, threads=None, target=None):
+    """O = softmax(scale * Q K^T + options) V, fused, on the CPU.
+
+    q [B, Hq, Lq, Dk], k [B, Hkv, Lk, Dk], v [B, Hkv, Lk, Dv] in `layout`
+    "bhsd" (PyTorch's) or "bshd" ([B, S, H, D], the engines' KV caches):
+    NumPy arrays (float32, float16) or PyTorch CPU tensors (also
+    bfloat16), any strides with a contiguous last dimension, read in place.
+    Hq is a multiple of Hkv (GQA, MQA). K and V share one dtype.
+
+    out: written in place and returned (same layout, [B, Lq, Hq, Dv] for
+    "bshd"); by default a new array of q's kind and dtype. return_lse: also
+    return the log-sum-exp of each row, float32 [B, Hq, Lq].
+    scale: default 1/sqrt(Dk). causal: hide keys after the query's position
+    p(i); alignment: "top-left" (p(i) = i, PyTorch's is_causal) or
+    "bottom-right" (p(i) = i + Lk_b - Lq, KV caches), required for causal,
+    window and ALiBi whenever Lq != Lk or kv_lengths are given.
+    mask: bool (True = attend) or additive float, broadcasting to
+    [B, Hq, Lq, Lk] (always that order). kv_lengths: B valid key counts
+    (int32 or int64). window: (left, right) FlashAttention 2 sliding window,
+    negative = unbounded. softcap: s = c * tanh(s / c) when > 0.
+    alibi_slopes, sinks: Hq float32 values each. dropout_p with seed:
+    counter-based dropout, the same for every thread count.
+    threads: None for the library's pool of all cores, else a pool of that
+    many threads. target: cap the code path (a name from info()).
+
+    Raises ValueError for invalid arguments (the library's message),
+    NotImplementedError for valid calls no kernel covers yet, MemoryError,
+    RuntimeError; nothing is written then. TypeError for operands that are
+    neither arrays nor tensors. The GIL is released during the call.
+    """
+    if layout not in ("bhsd", "bshd"):
+        raise ValueError(f"layout = {layout!r}: must be 'bhsd' or 'bshd'")
+    if alignment not in _ALIGNMENTS:
+        raise ValueError(f"alignment = {alignment!r}: must be None, 'top-left' "
+                         "or 'bottom-right'")
+    _check_scalars(scale, window, softcap, dropout_p, seed, threads, target)
+    qo = _four_d(_describe(q, "q"), "q", layout)
+    ko = _four_d(_describe(k, "k"), "k", layout)
+    vo = _four_d(_describe(v, "v"), "v", layout)
+    mo = _mask(mask)
+    slopes, slopes_mem = _vector(alibi_slopes, "alibi_slopes", qo.shape[1], False)
+    sink, sink_mem = _vector(sinks, "sinks", qo.shape[1], False)
+    lengths, lengths_mem = _vector(kv_lengths, "kv_lengths", qo.shape[0], True)
+    result, oo, lse, lse_op = _outputs(qo, vo, out, return_lse, layout)
+    options = _simdattn.Options(
+        scale is not None, 0.0 if scale is None else float(scale), bool(causal),
+        _ALIGNMENTS[alignment], int(window[0]), int(window[1]), float(softcap),
+        slopes, sink, lengths, float(dropout_p), int(seed))
+    status, message, _, _ = _simdattn.attention(
+        qo.as_tuple(), ko.as_tuple(), vo.as_tuple(), oo.as_tuple(),
+        None if lse_op is None else lse_op.as_tuple(),
+        None if mo is None else mo.as_tuple(), options,
+        0 if threads is None else threads, target or "")
+    del slopes_mem, sink_mem, lengths_mem  # held until the call returned
+    if status != _simdattn.OK:
+        raise _ERRORS.get(status, RuntimeError)(message)
+    return (result, lse) if return_lse else result

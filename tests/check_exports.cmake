@@ -1,0 +1,32 @@
+# Checks the dynamic symbols of a shared libsimdattn (LIB, read with NM):
+# every function that HEADER (simdattn.h) declares is exported, and no
+# exported symbol belongs to Highway. Run by ctest as `cmake -P`.
+execute_process(COMMAND ${NM} -D --defined-only -C ${LIB}
+                OUTPUT_VARIABLE symbols RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${NM} failed on ${LIB}")
+endif()
+file(READ ${HEADER} header)
+string(REGEX MATCHALL "SIMDATTN_C_API [^(;]*[ *](simdattn_[a-z0-9_]+)\\(" decls "${header}")
+set(count 0)
+foreach(decl ${decls})
+  string(REGEX MATCH "(simdattn_[a-z0-9_]+)\\($" _ "${decl}")
+  set(name ${CMAKE_MATCH_1})
+  math(EXPR count "${count} + 1")
+  if(NOT symbols MATCHES " T ${name}\n")
+    message(FATAL_ERROR "${LIB} does not export ${name}")
+  endif()
+endforeach()
+if(count LESS 15)
+  message(FATAL_ERROR "found only ${count} functions in ${HEADER}")
+endif()
+string(REGEX MATCHALL "[^\n]*hwy[^\n]*" leaked "${symbols}")
+if(leaked)
+  list(LENGTH leaked n)
+  list(GET leaked 0 first)
+  message(FATAL_ERROR "${LIB} exports ${n} Highway symbols, e.g. '${first}'")
+endif()
+string(REGEX MATCHALL "\n[0-9a-f]+ [TDBRV] " exported "${symbols}")
+list(LENGTH exported n)
+message(STATUS "exports: ${count} C functions of simdattn.h present, "
+               "${n} symbols in all, none of Highway")
