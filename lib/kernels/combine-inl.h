@@ -14,6 +14,7 @@
 
 #include "hwy/highway.h"
 #include "lib/kernels/block-inl.h"
+#include "lib/kernels/online_softmax-inl.h"
 #include "lib/kernels/output-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -37,30 +38,13 @@ struct ChunkSlots {
 };
 
 // Row r's merged max (into *m) and sum (into *l), and each chunk's weight
-// exp(m_c - M) (0 for a chunk that saw nothing). A row no chunk saw a key of
-// (and without a sink) gets m = -inf, l = 0; NaN in any m_c makes M NaN.
+// exp(m_c - M): MergePartials (online_softmax-inl.h) over the chunks' slots.
 inline void MergeRow(const ChunkSlots& c, int64_t r, float sink, float* m,
                      float* l, float* weight) {
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  float big = neg_inf;
-  bool nan = false;
-  for (int64_t i = 0; i < c.num_chunks; ++i) {
-    const float mc = c.slot(i)[r];
-    if (std::isnan(mc)) nan = true;
-    if (mc > big) big = mc;
-  }
-  if (sink > big) big = sink;
-  if (nan) big = std::numeric_limits<float>::quiet_NaN();
-  const bool empty = big == neg_inf;
-  float total = 0.0f;
-  for (int64_t i = 0; i < c.num_chunks; ++i) {
-    const float* slot = c.slot(i);
-    weight[i] = empty || slot[c.mq + r] == 0.0f ? 0.0f : std::exp(slot[r] - big);
-    total += slot[c.mq + r] * weight[i];
-  }
-  if (!empty && !(sink == neg_inf)) total += std::exp(sink - big);
-  *m = big;
-  *l = empty ? 0.0f : total;
+  const MergedPartials merged = MergePartials(
+      c.num_chunks, c.first + r, c.first + c.mq + r, c.stride, sink, weight);
+  *m = merged.m;
+  *l = merged.l;
 }
 
 // Row r of O from the decode path's slots ([rows][Dv]), merged into `out`.
