@@ -138,7 +138,7 @@ bool CpuRunsAmx() {
 // Cap set through SetMaxTarget: -1 = none (use the environment).
 std::atomic<int> g_api_cap{-1};
 
-std::mutex g_table_mutex;
+// Set by SetAmxEmulation (tests, before any call).
 bool g_amx_emulation = false;
 
 std::vector<TargetEntry> BuildTable() {
@@ -174,13 +174,11 @@ std::vector<TargetEntry>& MutableTable() {
 
 }  // namespace
 
-const std::vector<TargetEntry>& TargetTable() {
-  std::lock_guard<std::mutex> lock(g_table_mutex);
-  return MutableTable();
-}
+const std::vector<TargetEntry>& TargetTable() { return MutableTable(); }
 
+// The table is rebuilt in place: callers hold references into it, so this
+// runs only while no call is in flight (dispatch.h).
 void SetAmxEmulation(bool on) {
-  std::lock_guard<std::mutex> lock(g_table_mutex);
   g_amx_emulation = on;
   MutableTable() = BuildTable();
 }
