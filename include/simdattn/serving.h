@@ -1,0 +1,147 @@
+// simdattn serving API: what continuous-batching engines need around the
+// attention call. Paged KV caches with ragged batches of sequences in one
+// call, writing new tokens into the pages (with rotary embedding), and the
+// exact merge of partial results. The contract is docs/SEMANTICS.md
+// ("Serving"); the plain call and its options are attention.h.
+
+#ifndef SIMDATTN_SERVING_H_
+#define SIMDATTN_SERVING_H_
+
+#include <cstdint>
+
+#include "simdattn/attention.h"
+
+namespace simdattn {
+
+// ---------------------------------------------------------------- Views
+
+// Token-major [tokens, heads, d] storage (the rows of a ragged batch, the
+// new tokens of an append) as the logical 4-D view [1, heads, tokens, d]
+// that the calls below take.
+SIMDATTN_API TensorView MakeTokenMajor(const void* data, DType dtype,
+                                       int64_t tokens, int64_t heads,
+                                       int64_t d);
+SIMDATTN_API MutableTensorView MakeTokenMajor(void* data, DType dtype,
+                                              int64_t tokens, int64_t heads,
+                                              int64_t d);
+
+// A paged cache of K or V is the logical view [num_blocks, heads,
+// block_size, d]: page n holds block_size consecutive tokens of every KV
+// head. vLLM's and FlashAttention's layout [num_blocks, block_size, heads,
+// d] ("NHD") and the head-major [num_blocks, heads, block_size, d] ("HND")
+// are both strided views of it.
+SIMDATTN_API TensorView MakePagedNHD(const void* data, DType dtype,
+                                     int64_t num_blocks, int64_t block_size,
+                                     int64_t heads, int64_t d);
+SIMDATTN_API MutableTensorView MakePagedNHD(void* data, DType dtype,
+                                            int64_t num_blocks,
+                                            int64_t block_size, int64_t heads,
+                                            int64_t d);
+SIMDATTN_API TensorView MakePagedHND(const void* data, DType dtype,
+                                     int64_t num_blocks, int64_t block_size,
+                                     int64_t heads, int64_t d);
+SIMDATTN_API MutableTensorView MakePagedHND(void* data, DType dtype,
+                                            int64_t num_blocks,
+                                            int64_t block_size, int64_t heads,
+                                            int64_t d);
+
+// ---------------------------------------------------------------- Paged
+
+// The KV cache of a batch of sequences. Sequence s has kv_lens[s] keys; its
+// key j lies in page block_table[s * block_table_stride + j / block_size],
+// row j % block_size. block_size (the views' extent 2) is a multiple of 8.
+// Entries of block_table past a sequence's last page are never read.
+struct PagedKvCache {
+  TensorView k;  // [num_blocks, Hkv, block_size, Dk]
+  TensorView v;  // [num_blocks, Hkv, block_size, Dv], K's dtype
+  const int32_t* block_table = nullptr;  // [num_seqs, max_blocks_per_seq]
+  int64_t max_blocks_per_seq = 0;
+  int64_t block_table_stride = 0;  // elements between rows; 0: max_blocks_per_seq
+  const int32_t* kv_lens = nullptr;  // [num_seqs], each in [0, max_blocks_per_seq * block_size]
+};
+
+// Attention of a ragged batch against a paged cache, in one call. Sequence
+// s has the queries [cu_seqlens_q[s], cu_seqlens_q[s + 1]) of q (its last
+// tokens: a decode step has one, a chunk of prefill several);
+// cu_seqlens_q = nullptr means one query per sequence (q has num_seqs
+// rows). q [1, Hq, total_q, Dk], o [1, Hq, total_q, Dv] and lse
+// [1, Hq, total_q, 1] are views of token-major storage (MakeTokenMajor) or
+// any other strides.
+//
+// Every option of AttentionOptions applies to each sequence as to a batch
+// entry of Attention(), with b = s (dropout's keep mask) and these rules:
+//   - alignment: unset means kBottomRight (a sequence's queries are its
+//     last tokens), so causal hides keys j > i + kv_lens[s] - Lq_s.
+//   - kv_lengths / kv_lengths_i32 must be null: cache.kv_lens is the length.
+//   - a mask is [1, Hq or 1, total_q or 1, Lk_mask] with Lk_mask >= every
+//     kv_lens[s] (or 1): row t of the mask belongs to query row t.
+// A sequence without keys gives O = 0 and LSE = -inf (its sink, where it
+// has one), as a row that sees no key in Attention(). Work is split over
+// sequences, heads and key chunks, so one long sequence among short ones
+// uses every thread; results are bit-identical for any thread count.
+// ExecutionOptions::workspace is not taken here (kInvalidArgument).
+// Returns as Attention(); RunInfo::path is the path of the last sequence
+// with queries and num_tasks counts every sequence's tasks.
+SIMDATTN_API Status PagedAttention(const TensorView& q,
+                                   const PagedKvCache& cache,
+                                   int64_t num_seqs,
+                                   const int32_t* cu_seqlens_q,
+                                   const MutableTensorView& o,
+                                   const AttentionOptions& options = {},
+                                   const MutableTensorView& lse = {},
+                                   const ExecutionOptions& exec = {},
+                                   RunInfo* info = nullptr);
+
+// ---------------------------------------------------------------- Append
+
+// Rotary position embedding (RoPE) applied by AppendKv. Token t at position
+// p = positions[t] rotates the pairs of its first rotary_dim dims by the
+// angle whose cos and sin are cos[p * rotary_dim / 2 + i] and
+// sin[p * rotary_dim / 2 + i] (tables [max_position, rotary_dim / 2], f32):
+// pair i is dims (2i, 2i + 1) when interleaved (GPT-J), (i, i + rotary_dim
+// / 2) otherwise (GPT-NeoX, Llama). (x, y) becomes (x cos - y sin,
+// y cos + x sin). Dims from rotary_dim on are copied unchanged.
+struct RotaryEmbedding {
+  const int32_t* positions = nullptr;  // [tokens]; null: no rotation
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  int64_t max_position = 0;
+  int64_t rotary_dim = 0;  // even, in [2, Dk]; 0: Dk
+  bool interleaved = false;
+};
+
+// Writes the K and V of `tokens` new tokens into paged caches: token t goes
+// to page slot_mapping[t] / block_size, row slot_mapping[t] % block_size
+// (vLLM's convention); a negative slot skips the token (padding). k_new
+// [1, Hkv, tokens, Dk] and v_new [1, Hkv, tokens, Dv] (MakeTokenMajor) are
+// converted to the caches' dtype with round to nearest even. With
+// rotary.positions set, K is rotated before it is stored, and so is q
+// ([1, Hq, tokens, Dk], in place) when q.data is not null. Two tokens may
+// not map to one slot. Bad input: kInvalidArgument and nothing written.
+SIMDATTN_API Status AppendKv(const TensorView& k_new, const TensorView& v_new,
+                             const MutableTensorView& k_cache,
+                             const MutableTensorView& v_cache,
+                             const int32_t* slot_mapping,
+                             const RotaryEmbedding& rotary = {},
+                             const MutableTensorView& q = {},
+                             const ExecutionOptions& exec = {});
+
+// ---------------------------------------------------------------- Merge
+
+// Merges the results of attention over disjoint sets of keys: outs[i]
+// [B, H, L, Dv] (f32, f16 or bf16) with lses[i] [B, H, L, 1] (f32, natural
+// log, as Attention() writes them) into exactly what one call over the
+// union of the keys gives, up to rounding: lse = log(sum_i exp(lses[i])),
+// out = sum_i exp(lses[i] - lse) * outs[i]. A part whose row saw no key
+// (LSE -inf) adds nothing; a row no part saw gives out 0 and lse -inf. A
+// sink belongs in one part only. out may alias outs[0] exactly (same data
+// and strides); lse may alias lses[0] likewise.
+SIMDATTN_API Status MergeStates(const TensorView* outs, const TensorView* lses,
+                                int64_t num_parts,
+                                const MutableTensorView& out,
+                                const MutableTensorView& lse,
+                                const ExecutionOptions& exec = {});
+
+}  // namespace simdattn
+
+#endif  // SIMDATTN_SERVING_H_
