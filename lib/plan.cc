@@ -103,6 +103,9 @@ bool AllBf16(const AttentionArgs& a) {
 bool PackKv(const AttentionArgs& a, const Plan& plan, bool amx) {
   const PackPolicy policy = g_pack_policy.load(std::memory_order_relaxed);
   const int64_t group_bytes = plan.packed_group_floats * int64_t{sizeof(float)};
+  // Paged K/V: the tiles read packed K/V only (a tile may span pages), the
+  // decode path reads the pages in place.
+  if (a.block_table != nullptr) return plan.path == KernelPath::kTiled;
   if (amx) {  // the tiles read packed K/V only; in place they are widened
     return plan.path == KernelPath::kTiled && policy != PackPolicy::kNever &&
            group_bytes <= kPackedGroupMaxBytes;

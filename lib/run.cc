@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <new>
 #include <string>
 #include <thread>
@@ -364,11 +366,141 @@ Status RunWithThreadBuffers(const ExecutionOptions& exec,
   }
   int64_t* lengths = reinterpret_cast<int64_t*>(call_buffer);
   if (sizes.partials > 0) job->wave.partials = call_buffer + sizes.lengths / sizeof(float);
-  if (sizes.packed > 0) job->wave.packed = packed.Get(sizes.packed / sizeof(float));
+  if (sizes.packed > 0) {
+    job->wave.packed = packed.Get(sizes.packed / sizeof(float));
+    // Paged K/V are never read in place by the tiles.
+    if (job->wave.packed == nullptr && args->block_table != nullptr) {
+      return OutOfMemory("out of memory allocating the packed K/V");
+    }
+  }
   return RunJob(exec, lengths_i32, lengths, sizes.wave, args, job);
 }
 
+// The sequences of RunSequences whose tasks run together: call c of `calls`
+// (index[c]) owns tasks [first[c], first[c + 1]) of a round.
+struct SequenceJob {
+  const TargetKernels* kernels;
+  const std::vector<SequenceCall>* calls;
+  std::vector<size_t> index;
+  std::vector<int64_t> first;
+  std::vector<Wave> waves;
+  size_t scratch_floats = 0;
+  std::atomic<bool> out_of_memory{false};
+
+  // The call of task i, and i's index among that call's tasks.
+  size_t Find(int64_t* i) const {
+    const size_t c = static_cast<size_t>(
+        std::upper_bound(first.begin(), first.end(), *i) - first.begin() - 1);
+    *i -= first[c];
+    return c;
+  }
+};
+
+void RunSequenceTask(void* arg, int64_t i) {
+  SequenceJob* job = static_cast<SequenceJob*>(arg);
+  float* scratch = t_scratch.Get(job->scratch_floats);
+  if (scratch == nullptr) {
+    job->out_of_memory.store(true);
+    return;
+  }
+  const size_t c = job->Find(&i);
+  const SequenceCall& call = (*job->calls)[job->index[c]];
+  job->kernels->attention(call.args, call.plan, job->waves[c], i, scratch);
+}
+
+void RunSequenceCombine(void* arg, int64_t i) {
+  SequenceJob* job = static_cast<SequenceJob*>(arg);
+  const size_t c = job->Find(&i);
+  const SequenceCall& call = (*job->calls)[job->index[c]];
+  job->kernels->combine(call.args, call.plan, job->waves[c], i);
+}
+
+// The rows of a sequence without keys: O = 0; LSE = the row's sink (a
+// softmax over the sink alone) or -inf.
+void WriteEmptySequence(const AttentionArgs& a) {
+  const int64_t size = a.o_type == Storage::kF32 ? 4 : 2;
+  for (int64_t h = 0; h < a.q_heads; ++h) {
+    const float sink = a.sinks != nullptr ? a.sinks[h]
+                                          : -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < a.q_len; ++i) {
+      char* row = static_cast<char*>(a.o) + (h * a.o_strides[1] + i * a.o_strides[2]) * size;
+      std::memset(row, 0, static_cast<size_t>(a.head_dim_v * size));
+      if (a.lse != nullptr) a.lse[h * a.lse_strides[1] + i * a.lse_strides[2]] = sink;
+    }
+  }
+}
+
+// Runs the calls of `job` (index set) in one round of attention tasks and
+// one of combines; the partial results lie in the calling thread's buffer.
+Status RunSequenceRounds(const ExecutionOptions& exec, SequenceJob* job) {
+  const std::vector<SequenceCall>& calls = *job->calls;
+  std::vector<int64_t> combine_first(1, 0);
+  size_t partials = 0;
+  for (size_t c : job->index) {
+    const SequenceCall& call = calls[c];
+    job->first.push_back(job->first.back() + AttentionTaskCount(call.plan));
+    if (call.plan.num_chunks > 1) {
+      partials += static_cast<size_t>(PartialFloats(call.plan, call.args.head_dim_v));
+    }
+  }
+  ScratchLease buffer(&t_call);
+  float* base = partials > 0 ? buffer.Get(partials) : nullptr;
+  if (partials > 0 && base == nullptr) {
+    return OutOfMemory("out of memory allocating per-thread scratch");
+  }
+  if (t_scratch.Get(job->scratch_floats) == nullptr) {
+    return OutOfMemory("out of memory allocating per-thread scratch");
+  }
+  job->waves.resize(job->index.size());
+  for (size_t c = 0; c < job->index.size(); ++c) {
+    const SequenceCall& call = calls[job->index[c]];
+    const int64_t combines = call.plan.num_chunks > 1 ? CombineTaskCount(call.plan) : 0;
+    combine_first.push_back(combine_first.back() + combines);
+    if (call.plan.num_chunks > 1) {
+      job->waves[c].partials = base;
+      base += PartialFloats(call.plan, call.args.head_dim_v);
+    }
+  }
+  RunTasks(exec, job->first.back(), &RunSequenceTask, job);
+  if (job->out_of_memory.load()) {
+    return OutOfMemory("out of memory allocating a worker thread's scratch; o is partly written");
+  }
+  // Calls that are not split have no combine tasks: empty ranges.
+  job->first.swap(combine_first);
+  if (job->first.back() > 0) RunTasks(exec, job->first.back(), &RunSequenceCombine, job);
+  return Status::Ok();
+}
+
 }  // namespace
+
+Status RunSequences(const ExecutionOptions& exec, const TargetKernels& kernels,
+                    const std::vector<SequenceCall>& calls, int64_t* num_tasks) {
+  SequenceJob job;
+  job.kernels = &kernels;
+  job.calls = &calls;
+  job.first.push_back(0);
+  *num_tasks = 0;
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const SequenceCall& call = calls[c];
+    if (call.args.kv_len == 0) continue;
+    *num_tasks += AttentionTaskCount(call.plan);
+    job.scratch_floats = kernels.scratch_floats(call.args.head_dim_qk, call.args.head_dim_v);
+    if (call.plan.pack_kv) {
+      const Status s = RunPlan(exec, kernels, call.args, call.plan, nullptr);
+      if (!s.ok()) return s;
+    } else {
+      job.index.push_back(c);
+    }
+  }
+  if (!job.index.empty()) {
+    const Status s = RunSequenceRounds(exec, &job);
+    if (!s.ok()) return s;
+  }
+  for (const SequenceCall& call : calls) {
+    if (call.args.kv_len == 0) WriteEmptySequence(call.args);
+  }
+  return Status::Ok();
+}
 
 size_t WorkspaceBytes(const ExecutionOptions& exec,
                       const TargetKernels& kernels, const AttentionArgs& args,

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "lib/kernels/kernels.h"
 #include "simdattn/attention.h"
@@ -29,6 +30,23 @@ size_t WorkspaceBytes(const ExecutionOptions& exec,
 Status RunPlan(const ExecutionOptions& exec, const TargetKernels& kernels,
                const AttentionArgs& args, const Plan& plan,
                const int32_t* kv_lengths_i32);
+
+// One sequence of a PagedAttention call: a batch-1 call of its own, with
+// its plan (unset when it has no keys).
+struct SequenceCall {
+  AttentionArgs args;
+  Plan plan;
+};
+
+// Runs every sequence of `calls` on `exec`, with the calling thread's
+// buffers: the tasks of the sequences whose K/V are read in place (decode,
+// and tiles without packing) go to the threads together, in one round and
+// one round of combines; a sequence whose plan packs K/V runs as RunPlan
+// runs it; a sequence without keys gets O = 0 and LSE = its sink or -inf.
+// Sets *num_tasks to the attention tasks of every sequence. Errors as
+// RunPlan's.
+Status RunSequences(const ExecutionOptions& exec, const TargetKernels& kernels,
+                    const std::vector<SequenceCall>& calls, int64_t* num_tasks);
 
 }  // namespace simdattn
 

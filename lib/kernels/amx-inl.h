@@ -93,15 +93,13 @@ inline void PackKvAmx(const AttentionArgs& a, int64_t group,
   const int64_t dk = a.head_dim_qk, dv = a.head_dim_v;
   std::memset(k, 0, static_cast<size_t>((p.keys * p.dk32 + p.dv32 * p.keys) * 2));
   for (int64_t j = 0; j < n; ++j) {
-    std::memcpy(k + j * p.dk32, reinterpret_cast<const uint16_t*>(src.k) + j * a.k_strides[2],
-                static_cast<size_t>(dk) * 2);
+    std::memcpy(k + j * p.dk32, src.KRow(j), static_cast<size_t>(dk) * 2);
   }
   uint32_t* pairs = reinterpret_cast<uint32_t*>(scratch);
   const uint32_t* rows[16];
   for (int64_t j0 = 0; j0 < n; j0 += 32) {
     const int64_t nk = std::min<int64_t>(32, n - j0);
-    PairValueRows(reinterpret_cast<const uint16_t*>(src.v) + j0 * a.v_strides[2],
-                  a.v_strides[2], nk, dv, pairs);
+    PairValueRuns(src, j0, nk, dv, pairs);
     const int64_t np = (nk + 1) / 2;
     std::fill(pairs + np * dv, pairs + 16 * dv, 0u);
     for (int r = 0; r < 16; ++r) rows[r] = pairs + r * dv;
@@ -293,8 +291,7 @@ struct AmxProducts {
     const int64_t read = std::min(blocks * 32, kv_valid - kv_begin);
     if ((may_hide || read > nk) && !Bf16ValuesFinite(a, src, kv_begin, read)) {
       const int64_t dv = a.head_dim_v;
-      WidenRows(d, reinterpret_cast<const uint16_t*>(src.v) + kv_begin * a.v_strides[2],
-                a.v_strides[2], Storage::kBF16, nk, dv, s.vtile);
+      WidenKvRows(d, src, true, kv_begin, nk, dv, s.vtile);
       TileGemmRows<true, true>(d, s.cols, dv, s.vtile, 1, dv, s.st, s.mq, nk,
                                scale, s.acc, s.mq);
       return;

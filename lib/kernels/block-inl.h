@@ -105,21 +105,72 @@ inline int64_t FillRowTable(const AttentionArgs& a, int64_t block,
   return rows;
 }
 
-// The K/V rows of one (batch, KV head) group in their storage type.
+// The K/V rows of one (batch, KV head) group in their storage type. Dense
+// K/V: row j at k + j * k_row bytes. Paged (AttentionArgs::block_table):
+// row j in page block_table[j / block_size] at row j % block_size, so rows
+// are consecutive in memory only within a page (RunEnd).
 struct KvRows {
   Storage type;
   int64_t size;  // bytes per element
-  const char* k;
+  const char* k;  // row 0 (dense) or row 0 of page 0 (paged)
   const char* v;
+  int64_t k_row, v_row;    // bytes between rows
+  int64_t k_page, v_page;  // bytes between pages
+  const int32_t* table;    // null: dense
+  int64_t block_size;
 
   KvRows(const AttentionArgs& a, int64_t b, int64_t hkv)
       : type(a.kv_type),
         size(type == Storage::kF32 ? 4 : 2),
         k(static_cast<const char*>(a.k) +
-          (b * a.k_strides[0] + hkv * a.k_strides[1]) * size),
+          ((a.block_table != nullptr ? 0 : b * a.k_strides[0]) + hkv * a.k_strides[1]) * size),
         v(static_cast<const char*>(a.v) +
-          (b * a.v_strides[0] + hkv * a.v_strides[1]) * size) {}
+          ((a.block_table != nullptr ? 0 : b * a.v_strides[0]) + hkv * a.v_strides[1]) * size),
+        k_row(a.k_strides[2] * size),
+        v_row(a.v_strides[2] * size),
+        k_page(a.k_strides[0] * size),
+        v_page(a.v_strides[0] * size),
+        table(a.block_table),
+        block_size(a.block_size) {}
+
+  const char* KRow(int64_t j) const {
+    if (table == nullptr) return k + j * k_row;
+    return k + table[j / block_size] * k_page + (j % block_size) * k_row;
+  }
+  const char* VRow(int64_t j) const {
+    if (table == nullptr) return v + j * v_row;
+    return v + table[j / block_size] * v_page + (j % block_size) * v_row;
+  }
+  // The end of the run of rows consecutive in memory that holds row j.
+  int64_t RunEnd(int64_t j) const {
+    if (table == nullptr) return std::numeric_limits<int64_t>::max();
+    return (j / block_size + 1) * block_size;
+  }
+  // Calls f(row, first, n) for each run of consecutive rows of K
+  // (values = false) or V within [first, first + n): row is the run's first
+  // row, f's first and n its index and length.
+  template <class F>
+  void ForEachRun(bool values, int64_t first, int64_t n, const F& f) const {
+    const int64_t end = first + n;
+    for (int64_t j = first; j < end;) {
+      const int64_t run = std::min(end, RunEnd(j)) - j;
+      f(values ? VRow(j) : KRow(j), j, run);
+      j += run;
+    }
+  }
 };
+
+// Rows [first, first + n) of K (values = false) or V, stored as 16-bit
+// `type`, widened into dst ([n][cols] floats).
+template <class D>
+HWY_INLINE void WidenKvRows(D d, const KvRows& src, bool values, int64_t first,
+                            int64_t n, int64_t cols, float* HWY_RESTRICT dst) {
+  const int64_t row = (values ? src.v_row : src.k_row) / src.size;
+  src.ForEachRun(values, first, n, [&](const char* p, int64_t j, int64_t run) {
+    WidenRows(d, reinterpret_cast<const uint16_t*>(p), row, src.type, run, cols,
+              dst + (j - first) * cols);
+  });
+}
 
 // Asks for rows [first, first + n) of K and V (clamped to `end`) to be
 // brought into L2 while the current tile computes. Each row is its own
@@ -131,15 +182,16 @@ inline void PrefetchKvTile(const AttentionArgs& a, const KvRows& src,
   const int64_t k_bytes = a.head_dim_qk * src.size;
   const int64_t v_bytes = a.head_dim_v * src.size;
   for (int64_t j = first; j < last; ++j) {
-    const char* k = src.k + j * a.k_strides[2] * src.size;
-    const char* v = src.v + j * a.v_strides[2] * src.size;
+    const char* k = src.KRow(j);
+    const char* v = src.VRow(j);
     for (int64_t byte = 0; byte < k_bytes; byte += 64) __builtin_prefetch(k + byte, 0, 2);
     for (int64_t byte = 0; byte < v_bytes; byte += 64) __builtin_prefetch(v + byte, 0, 2);
   }
 }
 
-// One K/V tile as f32 rows: in place for f32 storage, otherwise widened into
-// ktile/vtile once per tile and block (nk x (Dk + Dv) conversions against
+// One K/V tile as f32 rows: in place for f32 storage (so the tile lies in
+// one run of KvRows::RunEnd), otherwise widened into ktile/vtile once per
+// tile and block (nk x (Dk + Dv) conversions against
 // 2 x nk x (Dk + Dv) x block-rows FMAs).
 struct KvTile {
   const float* k;
@@ -153,27 +205,22 @@ HWY_INLINE KvTile LoadKvTile(D d, const AttentionArgs& a, const KvRows& src,
                              float* HWY_RESTRICT ktile,
                              float* HWY_RESTRICT vtile) {
   if (src.type == Storage::kF32) {
-    return {reinterpret_cast<const float*>(src.k) + kv_begin * a.k_strides[2],
-            reinterpret_cast<const float*>(src.v) + kv_begin * a.v_strides[2],
-            a.k_strides[2], a.v_strides[2]};
+    return {reinterpret_cast<const float*>(src.KRow(kv_begin)),
+            reinterpret_cast<const float*>(src.VRow(kv_begin)), a.k_strides[2],
+            a.v_strides[2]};
   }
-  WidenRows(d, reinterpret_cast<const uint16_t*>(src.k) + kv_begin * a.k_strides[2],
-            a.k_strides[2], src.type, nk, a.head_dim_qk, ktile);
-  WidenRows(d, reinterpret_cast<const uint16_t*>(src.v) + kv_begin * a.v_strides[2],
-            a.v_strides[2], src.type, nk, a.head_dim_v, vtile);
+  WidenKvRows(d, src, false, kv_begin, nk, a.head_dim_qk, ktile);
+  WidenKvRows(d, src, true, kv_begin, nk, a.head_dim_v, vtile);
   return {ktile, vtile, a.head_dim_qk, a.head_dim_v};
 }
 
-// One row of K or V (row j of `base`, `n` elements) as f32: in place for f32
+// One row of K or V (`row`, `n` elements) as f32: in place for f32
 // storage, otherwise widened into `tmp`.
 template <class D>
-HWY_INLINE const float* RowF32(D d, const KvRows& src, const char* base,
-                               int64_t stride, int64_t j, int64_t n,
-                               float* HWY_RESTRICT tmp) {
-  if (src.type == Storage::kF32) {
-    return reinterpret_cast<const float*>(base) + j * stride;
-  }
-  WidenRow(d, reinterpret_cast<const uint16_t*>(base) + j * stride, src.type, n, tmp);
+HWY_INLINE const float* RowF32(D d, const KvRows& src, const char* row,
+                               int64_t n, float* HWY_RESTRICT tmp) {
+  if (src.type == Storage::kF32) return reinterpret_cast<const float*>(row);
+  WidenRow(d, reinterpret_cast<const uint16_t*>(row), src.type, n, tmp);
   return tmp;
 }
 

@@ -119,16 +119,17 @@ HWY_INLINE void DecodeKeyTile(const AttentionArgs& a, const KvRows& src,
     return;
   }
   // Rows that exist past this tile may be prefetched, even past the chunk
-  // (the next task streams on from there).
-  const int64_t prefetch_end = a.kv_len - kv_begin;
+  // (the next task streams on from there), up to the end of the tile's run
+  // of consecutive rows.
+  const int64_t prefetch_end = std::min(a.kv_len, src.RunEnd(kv_begin)) - kv_begin;
   if (src.type == Storage::kF32) {
     const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, r.ktile, r.vtile);
     DecodeTile<Storage::kF32>(d, r.rows, r.q, dk, t.k, t.k_row, t.v, t.v_row, dv, nk,
                               prefetch_end, r.s, r.m, r.l, r.o, mods);
     return;
   }
-  const uint16_t* k16 = reinterpret_cast<const uint16_t*>(src.k) + kv_begin * ks;
-  const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.v) + kv_begin * vs;
+  const uint16_t* k16 = reinterpret_cast<const uint16_t*>(src.KRow(kv_begin));
+  const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.VRow(kv_begin));
   if (src.type == Storage::kF16) {
     DecodeTile<Storage::kF16>(d, r.rows, r.q, dk, k16, ks, v16, vs, dv, nk,
                               prefetch_end, r.s, r.m, r.l, r.o, mods);
@@ -153,22 +154,26 @@ HWY_INLINE int64_t DecodeLeadingKeys(const AttentionArgs& a, const Plan& plan,
   const int64_t ks = a.k_strides[2], vs = a.v_strides[2];
 #if SIMDATTN_HAVE_DECODE_FUSED
   if (plan.path == KernelPath::kDecodeFused) {
+    // Run by run of consecutive rows: a run ends on a multiple of 8 keys
+    // (the page size) or at kv_start + n4, so each takes whole groups of 4.
     const int64_t n4 = (kv_end - kv_start) / 4 * 4;
-    const uint16_t* k16 = reinterpret_cast<const uint16_t*>(src.k) + kv_start * ks;
-    const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.v) + kv_start * vs;
-    if (src.type == Storage::kF16) {
-      DecodeFusedRows<Storage::kF16>(d, r.rows, r.q, dk, k16, ks, v16, vs, dv, n4, r.m,
-                                     r.l, r.o);
-    } else {
-      DecodeFusedRows<Storage::kBF16>(d, r.rows, r.q, dk, k16, ks, v16, vs, dv, n4, r.m,
-                                      r.l, r.o);
-    }
+    src.ForEachRun(false, kv_start, n4, [&](const char* k, int64_t j, int64_t n) {
+      const uint16_t* k16 = reinterpret_cast<const uint16_t*>(k);
+      const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.VRow(j));
+      if (src.type == Storage::kF16) {
+        DecodeFusedRows<Storage::kF16>(d, r.rows, r.q, dk, k16, ks, v16, vs, dv, n,
+                                       r.m, r.l, r.o);
+      } else {
+        DecodeFusedRows<Storage::kBF16>(d, r.rows, r.q, dk, k16, ks, v16, vs, dv, n,
+                                        r.m, r.l, r.o);
+      }
+    });
     return kv_start + n4;
   }
 #else
   (void)plan;
 #endif
-  if (src.type != Storage::kF32) return kv_start;
+  if (src.type != Storage::kF32 || src.table != nullptr) return kv_start;
   constexpr int64_t kRun = kKeyTile / kDecodeRuns;
   const int64_t run = (kv_end - kv_start) / kKeyTile * kRun;
   const NoDecodeMods none;
@@ -197,8 +202,10 @@ HWY_INLINE void DecodeTiles(const AttentionArgs& a, const Plan& plan,
   if constexpr (!Mods::kActive) {
     if (cuts == nullptr) kv_first = DecodeLeadingKeys(a, plan, src, r, kv_start, kv_end);
   }
-  for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += kKeyTile) {
-    const int64_t nk = std::min(kKeyTile, kv_end - kv_begin);
+  int64_t nk = 0;
+  for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += nk) {
+    // A tile lies in one run of consecutive rows (paged K/V: one page).
+    nk = std::min({kKeyTile, kv_end - kv_begin, src.RunEnd(kv_begin) - kv_begin});
     if constexpr (Mods::kActive) {
       mods->kv_begin = kv_begin;
       if (mask != nullptr) {

@@ -106,6 +106,7 @@ template <class D>
 HWY_INLINE void DropoutTile(D d, int cols, const AttentionArgs& a,
                             int64_t b, const RowTable& rt, int64_t kv_begin,
                             int64_t num_keys, float* HWY_RESTRICT st) {
+  b += a.dropout_batch;
   const DropoutRule rule(a);
   const Philox4x32Key key = rule.key;
   const size_t N = hn::Lanes(d);
@@ -200,6 +201,7 @@ template <class D>
 HWY_INLINE void DropoutRow(D d, const AttentionArgs& a, int64_t b,
                            int64_t h, int64_t i, int64_t kv_begin, int64_t n,
                            float* HWY_RESTRICT x) {
+  b += a.dropout_batch;
   const DropoutRule rule(a);
   const Philox4x32Key key = rule.key;
   constexpr int64_t G = kDropoutKeysPerCall;

@@ -44,6 +44,14 @@ struct AttentionArgs {
   MaskKind mask_kind;
   const void* mask;
   int64_t mask_strides[4];     // 0 on broadcast dimensions
+  // Paged K/V (PagedAttention; batch is then 1): key j lies in page
+  // block_table[j / block_size] at row j % block_size, pages k_strides[0]
+  // (v_strides[0]) elements apart. Null: dense K/V.
+  const int32_t* block_table = nullptr;
+  int64_t block_size = 0;
+  // The dropout keep mask of batch entry b is that of entry dropout_batch + b
+  // (PagedAttention: the sequence's index).
+  int64_t dropout_batch = 0;
 };
 
 // The kernel a call's tasks run (RunInfo::path).

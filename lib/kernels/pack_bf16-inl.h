@@ -40,6 +40,19 @@ inline void KeyRowPairs(const uint16_t* HWY_RESTRICT row, int64_t dk,
   std::memcpy(pairs, row, static_cast<size_t>(dk) * sizeof(uint16_t));
 }
 
+// Rows [first, first + nk) of V (bf16) as key pairs, as PairValueRows
+// (out[p * dv + e] holds keys first + 2p and first + 2p + 1), run by run of
+// consecutive rows (KvRows::RunEnd). first is even; runs end on multiples
+// of 8, so no pair spans two.
+inline void PairValueRuns(const KvRows& src, int64_t first, int64_t nk,
+                          int64_t dv, uint32_t* HWY_RESTRICT out) {
+  const int64_t row = src.v_row / src.size;
+  src.ForEachRun(true, first, nk, [&](const char* p, int64_t j, int64_t run) {
+    PairValueRows(reinterpret_cast<const uint16_t*>(p), row, run, dv,
+                  out + (j - first) / 2 * dv);
+  });
+}
+
 // PackedKv's layout for the native products, in bf16 pairs (u32). With
 // T = kTileRows, n = the group's valid keys, Dk2 = ceil(Dk / 2) and
 // n2 = ceil(n / 2):
@@ -61,12 +74,11 @@ inline void PackKvBf16(const AttentionArgs& a, int64_t group,
   const int64_t dk = a.head_dim_qk, dk2 = (dk + 1) / 2;
   const int64_t dv = a.head_dim_v, n2 = (n + 1) / 2;
   const KvRows src(a, b, hkv);
-  const uint16_t* k = reinterpret_cast<const uint16_t*>(src.k);
-  const uint16_t* v = reinterpret_cast<const uint16_t*>(src.v);
   for (int64_t j0 = 0; j0 < n; j0 += T) {
     const int64_t w = std::min(T, n - j0);
     for (int64_t r = 0; r < w; ++r) {
-      KeyRowPairs(k + (j0 + r) * a.k_strides[2], dk, scratch + r * dk2);
+      KeyRowPairs(reinterpret_cast<const uint16_t*>(src.KRow(j0 + r)), dk,
+                  scratch + r * dk2);
     }
     uint32_t* HWY_RESTRICT out = dst + j0 * dk2;
     for (int64_t p = 0; p < dk2; ++p) {
@@ -77,8 +89,7 @@ inline void PackKvBf16(const AttentionArgs& a, int64_t group,
   const int64_t full = dv / T * T;
   const int64_t rem = dv - full;
   for (int64_t p = 0; p < n2; ++p) {  // keys 2p, 2p + 1 paired along dv
-    PairValueRows(v + 2 * p * a.v_strides[2], a.v_strides[2],
-                  std::min<int64_t>(2, n - 2 * p), dv, scratch);
+    PairValueRuns(src, 2 * p, std::min<int64_t>(2, n - 2 * p), dv, scratch);
     for (int64_t e = 0; e < full; e += T) {
       std::memcpy(vp + e * n2 + p * T, scratch + e, T * sizeof(uint32_t));
     }
@@ -139,12 +150,11 @@ inline void LoadKvTileBf16(const AttentionArgs& a, const KvRows& src,
                            uint32_t* HWY_RESTRICT k2,
                            uint32_t* HWY_RESTRICT v2) {
   const int64_t dk = a.head_dim_qk, dk2 = (dk + 1) / 2;
-  const uint16_t* k = reinterpret_cast<const uint16_t*>(src.k);
   for (int64_t j = 0; j < nk; ++j) {
-    KeyRowPairs(k + (kv_begin + j) * a.k_strides[2], dk, k2 + j * dk2);
+    KeyRowPairs(reinterpret_cast<const uint16_t*>(src.KRow(kv_begin + j)), dk,
+                k2 + j * dk2);
   }
-  PairValueRows(reinterpret_cast<const uint16_t*>(src.v) + kv_begin * a.v_strides[2],
-                a.v_strides[2], nk, a.head_dim_v, v2);
+  PairValueRuns(src, kv_begin, nk, a.head_dim_v, v2);
 }
 
 // Whether rows [first, first + nk) of V (bf16 storage) are all finite.
@@ -157,7 +167,7 @@ inline bool Bf16ValuesFinite(const AttentionArgs& a, const KvRows& src,
   auto top = hn::Zero(du);
   uint16_t tail = 0;
   for (int64_t j = first; j < first + nk; ++j) {
-    const uint16_t* row = reinterpret_cast<const uint16_t*>(src.v) + j * a.v_strides[2];
+    const uint16_t* row = reinterpret_cast<const uint16_t*>(src.VRow(j));
     int64_t e = 0;
     for (; e + N <= dv; e += N) top = hn::Max(top, hn::And(hn::LoadU(du, row + e), exp));
     for (; e < dv; ++e) tail = std::max<uint16_t>(tail, row[e] & 0x7F80);

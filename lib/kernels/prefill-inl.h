@@ -151,8 +151,7 @@ struct NativeBf16Products {
     if (may_hide && !Bf16ValuesFinite(a, src, kv_begin, nk)) {
       // Guarded f32 product on the widened tile.
       const hn::ScalableTag<float> d;
-      WidenRows(d, reinterpret_cast<const uint16_t*>(src.v) + kv_begin * a.v_strides[2],
-                a.v_strides[2], Storage::kBF16, nk, dv, s.vtile);
+      WidenKvRows(d, src, true, kv_begin, nk, dv, s.vtile);
       TileGemmRows<true, true>(d, s.cols, dv, s.vtile, 1, dv, s.st, s.mq, nk,
                                scale, s.acc, s.mq);
       return;
