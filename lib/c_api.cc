@@ -15,6 +15,7 @@
 
 #include "lib/dispatch.h"
 #include "simdattn/attention.h"
+#include "simdattn/serving.h"
 
 struct simdattn_pool {
   explicit simdattn_pool(int num_threads) : pool(num_threads) {}
@@ -223,6 +224,47 @@ Status CAttention(const simdattn_tensor* q, const simdattn_tensor* k,
   return s;
 }
 
+Status CPagedAttention(const simdattn_tensor* q, const simdattn_paged_cache* cache,
+                      int64_t num_seqs, const int32_t* cu_seqlens_q,
+                      const simdattn_tensor* o, const simdattn_options* options,
+                      const simdattn_tensor* lse, const simdattn_exec* exec,
+                      simdattn_run_info* info) {
+  if (q == nullptr) return Invalid("q is NULL");
+  if (cache == nullptr) return Invalid("cache is NULL");
+  if (o == nullptr) return Invalid("o is NULL");
+  Status s = CheckStructSize("simdattn_paged_cache", cache, cache->struct_size,
+                             sizeof(simdattn_paged_cache));
+  if (!s.ok()) return s;
+  if (info != nullptr && info->struct_size < sizeof(simdattn_run_info)) {
+    return Invalid("info->struct_size = " + std::to_string(info->struct_size) +
+                   ": must be sizeof(simdattn_run_info) = " +
+                   std::to_string(sizeof(simdattn_run_info)));
+  }
+  AttentionOptions opt;
+  s = ConvertOptions(options, *q, &opt);
+  if (!s.ok()) return s;
+  ExecutionOptions ex;
+  s = ConvertExec(exec, &ex);
+  if (!s.ok()) return s;
+  PagedKvCache c;
+  c.k = ToView(cache->k);
+  c.v = ToView(cache->v);
+  c.block_table = cache->block_table;
+  c.max_blocks_per_seq = cache->max_blocks_per_seq;
+  c.block_table_stride = cache->block_table_stride;
+  c.kv_lens = cache->kv_lens;
+  const MutableTensorView lse_view = lse != nullptr ? ToMutableView(*lse) : MutableTensorView();
+  RunInfo run;
+  s = simdattn::PagedAttention(ToView(*q), c, num_seqs, cu_seqlens_q,
+                               ToMutableView(*o), opt, lse_view, ex, &run);
+  if (s.ok() && info != nullptr) {
+    info->target = run.target;
+    info->path = run.path;
+    info->num_tasks = run.num_tasks;
+  }
+  return s;
+}
+
 Status CWorkspaceSize(const simdattn_tensor* q, const simdattn_tensor* k,
                      const simdattn_tensor* v, const simdattn_options* options,
                      const simdattn_exec* exec, size_t* bytes) {
@@ -392,6 +434,24 @@ int simdattn_attention(const simdattn_tensor* q, const simdattn_tensor* k,
                        simdattn_run_info* info) {
   return simdattn::Guarded(
       [&] { return simdattn::CAttention(q, k, v, o, options, lse, exec, info); });
+}
+
+void simdattn_paged_cache_init(simdattn_paged_cache* cache) {
+  if (cache == nullptr) return;
+  std::memset(cache, 0, sizeof(*cache));
+  cache->struct_size = sizeof(*cache);
+}
+
+int simdattn_paged_attention(const simdattn_tensor* q,
+                             const simdattn_paged_cache* cache, int64_t num_seqs,
+                             const int32_t* cu_seqlens_q, const simdattn_tensor* o,
+                             const simdattn_options* options,
+                             const simdattn_tensor* lse, const simdattn_exec* exec,
+                             simdattn_run_info* info) {
+  return simdattn::Guarded([&] {
+    return simdattn::CPagedAttention(q, cache, num_seqs, cu_seqlens_q, o, options,
+                                     lse, exec, info);
+  });
 }
 
 int simdattn_workspace_size(const simdattn_tensor* q, const simdattn_tensor* k,

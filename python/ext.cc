@@ -112,6 +112,60 @@ py::tuple Attention(const Operand& q, const Operand& k, const Operand& v,
   return py::make_tuple(status, "", info.target, info.path);
 }
 
+// The paged cache and ragged rows of paged_attention: (address, ...) of
+// int32 arrays the Python side made contiguous; cu_seqlens 0: one query
+// per sequence.
+struct PagedArrays {
+  uintptr_t block_table;
+  int64_t max_blocks_per_seq, block_table_stride;
+  uintptr_t kv_lens;
+  int64_t num_seqs;
+  uintptr_t cu_seqlens_q;
+};
+
+// Runs one paged call; returns (status, message, target, path).
+py::tuple PagedAttention(const Operand& q, const Operand& k, const Operand& v,
+                         const Operand& o, py::object lse,
+                         const PagedArrays& arrays, const Options& options,
+                         int32_t threads, const std::string& target) {
+  const simdattn_tensor tq = ToTensor(q), to = ToTensor(o);
+  simdattn_tensor tlse;
+  const bool has_lse = !lse.is_none();
+  if (has_lse) tlse = ToTensor(lse.cast<Operand>());
+  simdattn_paged_cache cache;
+  simdattn_paged_cache_init(&cache);
+  cache.k = ToTensor(k);
+  cache.v = ToTensor(v);
+  cache.block_table = reinterpret_cast<const int32_t*>(arrays.block_table);
+  cache.max_blocks_per_seq = arrays.max_blocks_per_seq;
+  cache.block_table_stride = arrays.block_table_stride;
+  cache.kv_lens = reinterpret_cast<const int32_t*>(arrays.kv_lens);
+  simdattn_exec exec;
+  simdattn_exec_init(&exec);
+  exec.max_target = target.empty() ? nullptr : target.c_str();
+  if (threads > 0) {
+    exec.pool = PoolOf(threads);
+    if (exec.pool == nullptr) {
+      return py::make_tuple(int{SIMDATTN_OUT_OF_MEMORY},
+                            "could not create a pool of threads", "", "");
+    }
+  }
+  simdattn_run_info info;
+  info.struct_size = sizeof(info);
+  int status;
+  std::string message;
+  {
+    py::gil_scoped_release release;
+    status = simdattn_paged_attention(
+        &tq, &cache, arrays.num_seqs,
+        reinterpret_cast<const int32_t*>(arrays.cu_seqlens_q), &to, &options.c,
+        has_lse ? &tlse : nullptr, &exec, &info);
+    if (status != SIMDATTN_OK) message = simdattn_last_error();
+  }
+  if (status != SIMDATTN_OK) return py::make_tuple(status, message, "", "");
+  return py::make_tuple(status, "", info.target, info.path);
+}
+
 py::dict Info() {
   simdattn_info info;
   info.struct_size = sizeof(info);
@@ -136,6 +190,9 @@ PYBIND11_MODULE(_simdattn, m) {
       .def(py::init<bool, float, bool, int32_t, int64_t, int64_t, float, Vector,
                     Vector, Vector, float, uint64_t>());
   m.def("attention", &Attention);
+  py::class_<PagedArrays>(m, "PagedArrays")
+      .def(py::init<uintptr_t, int64_t, int64_t, uintptr_t, int64_t, uintptr_t>());
+  m.def("paged_attention", &PagedAttention);
   m.def("info", &Info);
   m.def("version", [] { return std::string(simdattn_version()); });
   m.attr("OK") = int{SIMDATTN_OK};

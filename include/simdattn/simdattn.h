@@ -211,6 +211,39 @@ SIMDATTN_C_API int simdattn_workspace_size(const simdattn_tensor* q,
  * thread; the next such call allocates them again. */
 SIMDATTN_C_API void simdattn_release_thread_buffers(void);
 
+/* ------------------------------------------------------------- paged */
+
+/* A paged KV cache (serving.h's PagedKvCache): sequence s has kv_lens[s]
+ * keys; its key j lies in page block_table[s * block_table_stride +
+ * j / block_size], row j % block_size. k and v are [num_blocks, Hkv,
+ * block_size, D] views (simdattn_paged_nhd / _hnd); block_size is a
+ * multiple of 8. simdattn_paged_cache_init() sets struct_size and zeros
+ * the rest. */
+typedef struct simdattn_paged_cache {
+  size_t struct_size; /* sizeof(simdattn_paged_cache) */
+  simdattn_tensor k;
+  simdattn_tensor v;
+  const int32_t* block_table;  /* [num_seqs, block_table_stride] */
+  int64_t max_blocks_per_seq;
+  int64_t block_table_stride;  /* 0: max_blocks_per_seq */
+  const int32_t* kv_lens;      /* [num_seqs] */
+} simdattn_paged_cache;
+
+SIMDATTN_C_API void simdattn_paged_cache_init(simdattn_paged_cache* cache);
+
+/* Attention of a ragged batch against a paged cache (serving.h's
+ * PagedAttention, SEMANTICS.md "Paged attention"): sequence s has queries
+ * [cu_seqlens_q[s], cu_seqlens_q[s + 1]) of q [1, Hq, total_q, Dk]
+ * (simdattn_token_major), or one query each when cu_seqlens_q is NULL.
+ * Causal is bottom-right per sequence unless options->alignment says
+ * otherwise; options->kv_lengths must be NULL; exec->workspace must be
+ * NULL. Returns as simdattn_attention(). */
+SIMDATTN_C_API int simdattn_paged_attention(
+    const simdattn_tensor* q, const simdattn_paged_cache* cache,
+    int64_t num_seqs, const int32_t* cu_seqlens_q, const simdattn_tensor* o,
+    const simdattn_options* options, const simdattn_tensor* lse,
+    const simdattn_exec* exec, simdattn_run_info* info);
+
 /* ----------------------------------------------------------- targets */
 
 /* The code paths of this build. Names are static strings, best first. */

@@ -13,7 +13,7 @@ import math as _math
 
 from . import _simdattn
 
-__all__ = ["attention", "info", "__version__"]
+__all__ = ["attention", "paged_attention", "info", "__version__"]
 
 __version__ = _simdattn.version()
 
@@ -284,3 +284,126 @@ def attention(q, k, v, *, out=None, return_lse=False, layout="bhsd", scale=None,
     if status != _simdattn.OK:
         raise _ERRORS.get(status, RuntimeError)(message)
     return (result, lse) if return_lse else result
+
+
+def _int32_rows(x, name, ndim):
+    """x as a contiguous int32 array of `ndim` dimensions (NumPy or torch;
+    other integer types are converted): (address, shape, holder)."""
+    if _is_torch(x):
+        import torch
+        if x.device.type != "cpu":
+            raise ValueError(f"{name} is on {x.device}: must be on the CPU")
+        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+            raise ValueError(f"{name}.dtype = {x.dtype}: must be an integer type")
+        x = x.to(torch.int32).contiguous()
+        shape, address = tuple(x.shape), x.data_ptr()
+    else:
+        import numpy as np
+        x = np.asarray(x)
+        if x.dtype.kind not in "iu":
+            raise ValueError(f"{name}.dtype = {x.dtype}: must be an integer type")
+        if x.size and (x.min() < -2**31 or x.max() >= 2**31):
+            raise ValueError(f"{name}: values outside the int32 range")
+        x = np.ascontiguousarray(x, dtype=np.int32)
+        shape, address = x.shape, x.__array_interface__["data"][0]
+    if len(shape) != ndim:
+        raise ValueError(f"{name} has shape {tuple(shape)}: must have {ndim} "
+                         f"dimension{'s' if ndim > 1 else ''}")
+    return address, tuple(shape), x
+
+
+def _token_major(x, name):
+    """A [tokens, heads, d] operand as the logical [1, heads, tokens, d]."""
+    op = _describe(x, name)
+    if len(op.shape) != 3:
+        raise ValueError(f"{name} has shape {op.shape}: must be 3-D "
+                         "[tokens, heads, head_dim]")
+    op.shape = (1, op.shape[1], op.shape[0], op.shape[2])
+    op.strides = (0, op.strides[1], op.strides[0], op.strides[2])
+    return op
+
+
+def _paged(x, name, kv_layout):
+    """A paged cache ("NHD" [num_blocks, block_size, H, D] or "HND"
+    [num_blocks, H, block_size, D]) as the logical [num_blocks, H,
+    block_size, D]."""
+    op = _describe(x, name)
+    if len(op.shape) != 4:
+        raise ValueError(f"{name} has shape {op.shape}: must be 4-D ({kv_layout})")
+    if kv_layout == "NHD":
+        op.shape = (op.shape[0], op.shape[2], op.shape[1], op.shape[3])
+        op.strides = (op.strides[0], op.strides[2], op.strides[1], op.strides[3])
+    return op
+
+
+def paged_attention(q, k_cache, v_cache, block_table, kv_lens, *, cu_seqlens_q=None,
+                    out=None, return_lse=False, scale=None, causal=True,
+                    window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
+                    dropout_p=0.0, seed=0, kv_layout="NHD", threads=None,
+                    target=None):
+    """Attention of a ragged batch of sequences against a paged KV cache.
+
+    q [total_q, Hq, Dk]: the queries of every sequence, sequence s owning
+    rows cu_seqlens_q[s]:cu_seqlens_q[s + 1] (its last tokens); by default
+    (cu_seqlens_q None) one query per sequence. k_cache / v_cache
+    [num_blocks, block_size, Hkv, D] (kv_layout "NHD", vLLM's) or
+    [num_blocks, Hkv, block_size, D] ("HND"), block_size a multiple of 8.
+    block_table [num_seqs, max_blocks_per_seq] and kv_lens [num_seqs]:
+    key j of sequence s is row j % block_size of page
+    block_table[s, j // block_size], for j < kv_lens[s]. Integer arrays are
+    read as int32.
+
+    Returns out [total_q, Hq, Dv] (or writes the given `out`), and with
+    return_lse the natural-log LSE of each row, float32 [Hq, total_q].
+    causal is bottom-right per sequence (query i of a sequence with Lq
+    queries and Lk keys sees keys j <= i + Lk - Lq); scale, window,
+    softcap, alibi_slopes, sinks, dropout_p and seed are attention()'s,
+    per sequence (dropout's batch index is the sequence's). A sequence
+    without keys gives zeros (LSE -inf, or its sink). Errors as attention().
+    """
+    if kv_layout not in ("NHD", "HND"):
+        raise ValueError(f"kv_layout = {kv_layout!r}: must be 'NHD' or 'HND'")
+    _check_scalars(scale, window, softcap, dropout_p, seed, threads, target)
+    qo = _token_major(q, "q")
+    ko = _paged(k_cache, "k_cache", kv_layout)
+    vo = _paged(v_cache, "v_cache", kv_layout)
+    table, table_shape, table_mem = _int32_rows(block_table, "block_table", 2)
+    lens, lens_shape, lens_mem = _int32_rows(kv_lens, "kv_lens", 1)
+    num_seqs = lens_shape[0]
+    if table_shape[0] != num_seqs:
+        raise ValueError(f"block_table has {table_shape[0]} rows: must have one "
+                         f"per sequence (kv_lens has {num_seqs})")
+    cu, cu_mem = 0, None
+    if cu_seqlens_q is not None:
+        cu, cu_shape, cu_mem = _int32_rows(cu_seqlens_q, "cu_seqlens_q", 1)
+        if cu_shape[0] != num_seqs + 1:
+            raise ValueError(f"cu_seqlens_q has {cu_shape[0]} entries: must have "
+                             f"num_seqs + 1 = {num_seqs + 1}")
+    total_q, hq = qo.shape[2], qo.shape[1]
+    slopes, slopes_mem = _vector(alibi_slopes, "alibi_slopes", hq, False)
+    sink, sink_mem = _vector(sinks, "sinks", hq, False)
+    if out is None:
+        out = _new_like(qo, (total_q, hq, vo.shape[3]), qo.dtype)
+    oo = _token_major(out, "out")
+    if not oo.writable:
+        raise ValueError("out is read-only")
+    lse = lse_op = None
+    if return_lse:
+        lse = _new_like(qo, (hq, total_q), _F32)
+        lse_op = _describe(lse, "lse", (_F32,))
+        lse_op.shape = (1,) + lse_op.shape + (1,)
+        lse_op.strides = (0,) + lse_op.strides + (1,)
+    options = _simdattn.Options(
+        scale is not None, 0.0 if scale is None else float(scale), bool(causal),
+        _ALIGNMENTS["bottom-right"], int(window[0]), int(window[1]), float(softcap),
+        slopes, sink, (0, 0, _I64), float(dropout_p), int(seed))
+    arrays = _simdattn.PagedArrays(table, table_shape[1], table_shape[1], lens,
+                                   num_seqs, cu)
+    status, message, _, _ = _simdattn.paged_attention(
+        qo.as_tuple(), ko.as_tuple(), vo.as_tuple(), oo.as_tuple(),
+        None if lse_op is None else lse_op.as_tuple(), arrays, options,
+        0 if threads is None else threads, target or "")
+    del slopes_mem, sink_mem, table_mem, lens_mem, cu_mem
+    if status != _simdattn.OK:
+        raise _ERRORS.get(status, RuntimeError)(message)
+    return (out, lse) if return_lse else out
