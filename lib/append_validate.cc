@@ -83,6 +83,13 @@ Status CheckExtent(const char* name, DimNames& dims, const TensorView& v,
   return Invalid(os.str());
 }
 
+// Token-major views have one batch entry: their tokens are extent 2.
+Status CheckUnitBatch(const char* name, const char* shape, const TensorView& v) {
+  if (v.shape[0] == 1) return Status::Ok();
+  return Invalid(std::string(name) + ".shape[0] = " + std::to_string(v.shape[0]) +
+                 ": must be 1 (the logical shape is " + shape + ")");
+}
+
 // The four K/V views against each other; fills the extents of *p.
 Status CheckKvExtents(const TensorView& kn, const TensorView& vn,
                       const TensorView& kc, const TensorView& vc,
@@ -95,8 +102,6 @@ Status CheckKvExtents(const TensorView& kn, const TensorView& vn,
     int64_t want;
     const char* why;
   } checks[] = {
-      {"k_new", kNewK, kn, 0, 1, "it must be"},
-      {"v_new", kNewV, vn, 0, 1, "it must be"},
       {"v_new", kNewV, vn, 1, kn.shape[1], "k_new.shape[1] (Hkv)"},
       {"v_new", kNewV, vn, 2, kn.shape[2], "k_new.shape[2] (tokens)"},
       {"k_cache", kCacheK, kc, 1, kn.shape[1], "k_new.shape[1] (Hkv)"},
@@ -106,8 +111,11 @@ Status CheckKvExtents(const TensorView& kn, const TensorView& vn,
       {"v_cache", kCacheV, vc, 2, kc.shape[2], "k_cache.shape[2] (block_size)"},
       {"v_cache", kCacheV, vc, 3, vn.shape[3], "v_new.shape[3] (Dv)"},
   };
+  Status s = CheckUnitBatch("k_new", "[1, Hkv, tokens, Dk]", kn);
+  if (s.ok()) s = CheckUnitBatch("v_new", "[1, Hkv, tokens, Dv]", vn);
+  if (!s.ok()) return s;
   for (const auto& c : checks) {
-    const Status s = CheckExtent(c.name, c.dims, c.v, c.i, c.want, c.why);
+    s = CheckExtent(c.name, c.dims, c.v, c.i, c.want, c.why);
     if (!s.ok()) return s;
   }
   if (kc.shape[2] % 8 != 0) {
@@ -182,7 +190,7 @@ Status CheckQ(const MutableTensorView& q, AppendProblem* p, ByteRange* range) {
                    "written to rotate it");
   }
   const TensorView v = q;
-  s = CheckExtent("q", kQ, v, 0, 1, "it must be");
+  s = CheckUnitBatch("q", "[1, Hq, tokens, Dk]", v);
   if (s.ok()) s = CheckExtent("q", kQ, v, 2, p->tokens, "k_new.shape[2] (tokens)");
   if (s.ok()) s = CheckExtent("q", kQ, v, 3, p->head_dim_k, "k_new.shape[3] (Dk)");
   if (!s.ok()) return s;
