@@ -256,23 +256,62 @@ ByteRange ArrayRange(const void* ptr, int64_t bytes) {
   return r;
 }
 
+// The bytes one step of dimension `skip` of view v spans with its other
+// dimensions; false where one of those has a negative stride.
+bool PeriodSpan(const TensorView& v, int skip, int64_t* bytes) {
+  int64_t span = 0;
+  for (int j = 0; j < 4; ++j) {
+    if (j == skip || v.shape[j] <= 1) continue;
+    if (v.strides[j] < 0) return false;
+    span += (v.shape[j] - 1) * v.strides[j];  // fits: ComputeRange succeeded
+  }
+  *bytes = (span + 1) * DTypeSize(v.dtype);
+  return true;
+}
+
+// Whether two views whose byte ranges overlap still share no element
+// because they interleave: along some dimension both step by the same
+// number of bytes, and within that period each occupies its own interval.
+// This is q, k and v as views of one fused QKV buffer ([tokens, Hq + 2 Hkv,
+// D]), or K and V pages interleaved in one allocation.
+bool Interleaved(const TensorView& a, const TensorView& b) {
+  for (int i = 0; i < 4; ++i) {
+    const int64_t period = a.strides[i] * DTypeSize(a.dtype);
+    if (period <= 0 || period != b.strides[i] * DTypeSize(b.dtype)) continue;
+    int64_t span_a, span_b;
+    if (!PeriodSpan(a, i, &span_a) || !PeriodSpan(b, i, &span_b)) continue;
+    const int64_t diff = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.data) -
+                                              reinterpret_cast<uintptr_t>(a.data));
+    const int64_t delta = ((diff % period) + period) % period;  // b's offset in a period
+    if (span_a <= delta && delta + span_b <= period) return true;
+  }
+  return false;
+}
+
+// A view (or a plain array: view null) and the bytes it touches.
 struct Named {
   const char* name;
   ByteRange range;
+  const TensorView* view = nullptr;
 };
 
-// No output overlaps an input or another output.
+bool Disjoint(const Named& a, const Named& b) {
+  if (!Overlap(a.range, b.range)) return true;
+  return a.view != nullptr && b.view != nullptr && Interleaved(*a.view, *b.view);
+}
+
+// No output shares an element with an input or another output.
 Status CheckAliasing(const Named* outputs, int num_outputs,
                      const Named* inputs, int num_inputs) {
   for (int o = 0; o < num_outputs; ++o) {
     for (int i = 0; i < num_inputs; ++i) {
-      if (Overlap(outputs[o].range, inputs[i].range)) {
+      if (!Disjoint(outputs[o], inputs[i])) {
         return Invalid(std::string(outputs[o].name) + " overlaps input " +
                        inputs[i].name + ": outputs must not alias inputs");
       }
     }
     for (int j = o + 1; j < num_outputs; ++j) {
-      if (Overlap(outputs[o].range, outputs[j].range)) {
+      if (!Disjoint(outputs[o], outputs[j])) {
         return Invalid(std::string(outputs[o].name) + " overlaps " +
                        outputs[j].name + ": outputs must not share memory");
       }
@@ -308,10 +347,12 @@ Status ValidateAppend(const TensorView& k_new, const TensorView& v_new,
   if (s.ok()) s = CheckSlotsUnique(slot_mapping, out.tokens);
   if (!s.ok()) return s;
   const bool rotary_used = out.rotary_dim > 0;
-  const Named outputs[] = {{"k_cache", rkc}, {"v_cache", rvc}, {"q", rq}};
+  const TensorView kc = k_cache, vc = v_cache, qv = q;
+  const Named outputs[] = {
+      {"k_cache", rkc, &kc}, {"v_cache", rvc, &vc}, {"q", rq, &qv}};
   const Named inputs[] = {
-      {"k_new", rkn},
-      {"v_new", rvn},
+      {"k_new", rkn, &k_new},
+      {"v_new", rvn, &v_new},
       {"slot_mapping", ArrayRange(slot_mapping, out.tokens * 4)},
       {"rotary.positions",
        ArrayRange(rotary_used ? rotary.positions : nullptr, out.tokens * 4)},

@@ -164,6 +164,54 @@ TEST(AppendKvTest, NoTokensIsANoOp) {
   EXPECT_EQ(after.v_cache.bytes, before.v_cache.bytes);
 }
 
+// q, k and v as views of one fused [tokens, Hq + 2 Hkv, D] buffer, as an
+// engine's QKV projection leaves them: their byte ranges overlap but their
+// elements do not, so q is rotated in place next to the K it reads.
+TEST(AppendKvTest, FusedQkvBufferWithQRotatedInPlace) {
+  AppendCase c;
+  c.rotate = c.with_q = true;
+  c.dk = c.dv = 16;
+  c.exact_values = false;
+  const AppendData before(c);
+  AppendData separate = before;
+  ASSERT_TRUE(separate.Run().ok());
+  const int64_t heads = c.q_heads + 2 * c.kv_heads, row = heads * c.dk;
+  std::vector<float> fused(static_cast<size_t>(c.tokens * row));
+  auto at = [&](int64_t t, int64_t h) { return &fused[static_cast<size_t>(t * row + h * c.dk)]; };
+  for (int64_t t = 0; t < c.tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const Storage& src = h < c.q_heads ? before.q : h < c.q_heads + c.kv_heads ? before.k_new
+                                                                                : before.v_new;
+      const int64_t sh = h < c.q_heads ? h : (h - c.q_heads) % c.kv_heads;
+      const int64_t sheads = h < c.q_heads ? c.q_heads : c.kv_heads;
+      for (int64_t d = 0; d < c.dk; ++d) {
+        at(t, h)[d] = static_cast<float>(src.Get(before.RowIndex(t, sh, d, sheads, c.dk)));
+      }
+    }
+  }
+  AppendData out = before;
+  auto view = [&](int64_t first_head, int64_t n) {
+    MutableTensorView v = MakeTokenMajor(static_cast<void*>(at(0, first_head)), DType::kF32,
+                                         c.tokens, n, c.dk);
+    v.strides[2] = row;
+    return v;
+  };
+  const Status s = AppendKv(view(c.q_heads, c.kv_heads), view(c.q_heads + c.kv_heads, c.kv_heads),
+                            out.KCache(), out.VCache(), out.slots.data(), out.Rotary(),
+                            view(0, c.q_heads));
+  ASSERT_TRUE(s.ok()) << s.message;
+  EXPECT_EQ(out.k_cache.bytes, separate.k_cache.bytes);
+  EXPECT_EQ(out.v_cache.bytes, separate.v_cache.bytes);
+  for (int64_t t = 0; t < c.tokens; ++t) {
+    for (int64_t h = 0; h < c.q_heads; ++h) {
+      for (int64_t d = 0; d < c.dk; ++d) {
+        ASSERT_EQ(at(t, h)[d], separate.q.Get(before.RowIndex(t, h, d, c.q_heads, c.dk)))
+            << t << " " << h << " " << d;
+      }
+    }
+  }
+}
+
 // A host parallel-for that runs tasks in reverse order on the calling thread.
 void Reversed(void*, int64_t n, void (*task)(void*, int64_t), void* arg) {
   for (int64_t i = n - 1; i >= 0; --i) task(arg, i);

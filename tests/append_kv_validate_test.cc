@@ -196,6 +196,38 @@ TEST(AppendKvValidateTest, OutputsMustNotAlias) {
   for (const BadCase& c : cases) ExpectRejected(c);
 }
 
+// Views of one buffer that interleave without sharing an element pass (see
+// FusedQkvBufferWithQRotatedInPlace); shifted by one element they share
+// one and are rejected.
+TEST(AppendKvValidateTest, InterleavedViewsMustNotShareAnElement) {
+  std::vector<float> fused(6 * 8 * 16);  // [tokens, Hq + 2 Hkv, Dk]
+  auto view = [&](int64_t first, int64_t heads) {
+    MutableTensorView v = MakeTokenMajor(static_cast<void*>(&fused[first]), DType::kF32, 6,
+                                         heads, 16);
+    v.strides[2] = 8 * 16;
+    return v;
+  };
+  const BadCase bad[] = {
+      {"k one element into q", [&](Call* c, AppendData*) {
+         c->q = view(0, 4);
+         c->k_new = view(4 * 16 - 1, 2);
+       }, "q overlaps input k_new"},
+      {"v_new over q's rows", [&](Call* c, AppendData*) {
+         c->q = view(0, 4);
+         c->v_new = MakeTokenMajor(static_cast<const void*>(&fused[128 - 8]), DType::kF32, 6,
+                                   2, 8);
+       }, "q overlaps input v_new"},
+  };
+  for (const BadCase& c : bad) ExpectRejected(c);
+  AppendData data(BaseCase());
+  data.slots = kSlots;
+  Call call(&data);
+  call.q = view(0, 4);
+  call.k_new = view(4 * 16, 2);
+  const Status s = call.Run();
+  EXPECT_TRUE(s.ok()) << s.message;
+}
+
 }  // namespace
 }  // namespace test
 }  // namespace simdattn
