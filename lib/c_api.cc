@@ -350,11 +350,9 @@ int Guarded(const Call& call) {
   }
 }
 
-simdattn_tensor MakeTensor(void* data, int32_t dtype, int64_t b, int64_t h,
-                           int64_t s, int64_t d, bool bshd) {
-  const MutableTensorView v =
-      bshd ? MakeBSHD(data, static_cast<DType>(dtype), b, h, s, d)
-           : MakeBHSD(data, static_cast<DType>(dtype), b, h, s, d);
+// A view of the C++ API as a C tensor of `dtype` (kept as the caller gave
+// it, known or not).
+simdattn_tensor FromView(const MutableTensorView& v, int32_t dtype) {
   simdattn_tensor t;
   t.data = v.data;
   t.dtype = dtype;
@@ -363,6 +361,46 @@ simdattn_tensor MakeTensor(void* data, int32_t dtype, int64_t b, int64_t h,
     t.strides[i] = v.strides[i];
   }
   return t;
+}
+
+simdattn_tensor MakeTensor(void* data, int32_t dtype, int64_t b, int64_t h,
+                           int64_t s, int64_t d, bool bshd) {
+  return FromView(bshd ? MakeBSHD(data, static_cast<DType>(dtype), b, h, s, d)
+                       : MakeBHSD(data, static_cast<DType>(dtype), b, h, s, d),
+                  dtype);
+}
+
+Status ConvertRotary(const simdattn_rotary* c, RotaryEmbedding* out) {
+  if (c == nullptr) return Status::Ok();
+  const Status s = CheckStructSize("simdattn_rotary", c, c->struct_size,
+                                   sizeof(simdattn_rotary));
+  if (!s.ok()) return s;
+  out->positions = c->positions;
+  out->cos = c->cos;
+  out->sin = c->sin;
+  out->max_position = c->max_position;
+  out->rotary_dim = c->rotary_dim;
+  out->interleaved = c->interleaved != 0;
+  return Status::Ok();
+}
+
+Status CAppendKv(const simdattn_tensor* k_new, const simdattn_tensor* v_new,
+                 const simdattn_tensor* k_cache, const simdattn_tensor* v_cache,
+                 const int32_t* slot_mapping, const simdattn_rotary* rotary,
+                 const simdattn_tensor* q, const simdattn_exec* exec) {
+  if (k_new == nullptr) return Invalid("k_new is NULL");
+  if (v_new == nullptr) return Invalid("v_new is NULL");
+  if (k_cache == nullptr) return Invalid("k_cache is NULL");
+  if (v_cache == nullptr) return Invalid("v_cache is NULL");
+  RotaryEmbedding rot;
+  Status s = ConvertRotary(rotary, &rot);
+  if (!s.ok()) return s;
+  ExecutionOptions ex;
+  s = ConvertExec(exec, &ex);
+  if (!s.ok()) return s;
+  return AppendKv(ToView(*k_new), ToView(*v_new), ToMutableView(*k_cache),
+                  ToMutableView(*v_cache), slot_mapping, rot,
+                  q != nullptr ? ToMutableView(*q) : MutableTensorView(), ex);
 }
 
 #define SIMDATTN_STR2(x) #x
@@ -470,6 +508,43 @@ int simdattn_get_info(simdattn_info* info) {
 
 int simdattn_set_max_target(const char* name) {
   return simdattn::Guarded([&] { return simdattn::SetMaxTarget(name); });
+}
+
+simdattn_tensor simdattn_token_major(void* data, int32_t dtype, int64_t tokens,
+                                     int64_t heads, int64_t d) {
+  return simdattn::FromView(
+      simdattn::MakeTokenMajor(data, static_cast<simdattn::DType>(dtype), tokens, heads, d),
+      dtype);
+}
+
+simdattn_tensor simdattn_paged_nhd(void* data, int32_t dtype, int64_t num_blocks,
+                                   int64_t block_size, int64_t heads, int64_t d) {
+  return simdattn::FromView(simdattn::MakePagedNHD(data, static_cast<simdattn::DType>(dtype),
+                                                   num_blocks, block_size, heads, d),
+                            dtype);
+}
+
+simdattn_tensor simdattn_paged_hnd(void* data, int32_t dtype, int64_t num_blocks,
+                                   int64_t block_size, int64_t heads, int64_t d) {
+  return simdattn::FromView(simdattn::MakePagedHND(data, static_cast<simdattn::DType>(dtype),
+                                                   num_blocks, block_size, heads, d),
+                            dtype);
+}
+
+void simdattn_rotary_init(simdattn_rotary* rotary) {
+  if (rotary == nullptr) return;
+  std::memset(rotary, 0, sizeof(*rotary));
+  rotary->struct_size = sizeof(*rotary);
+}
+
+int simdattn_append_kv(const simdattn_tensor* k_new, const simdattn_tensor* v_new,
+                       const simdattn_tensor* k_cache, const simdattn_tensor* v_cache,
+                       const int32_t* slot_mapping, const simdattn_rotary* rotary,
+                       const simdattn_tensor* q, const simdattn_exec* exec) {
+  return simdattn::Guarded([&] {
+    return simdattn::CAppendKv(k_new, v_new, k_cache, v_cache, slot_mapping, rotary, q,
+                               exec);
+  });
 }
 
 }  // extern "C"

@@ -26,6 +26,8 @@ const char* const kDimNames[4][4] = {
     {"B", "Hq", "Lq", "Dv"},   // o
 };
 
+}  // namespace
+
 bool IsStorageType(DType t) {
   return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
 }
@@ -34,12 +36,6 @@ bool KnownDType(DType t) {
   return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 ||
          t == DType::kBool;
 }
-
-// Byte range [lo, hi) touched by a view; false on int64 overflow.
-struct ByteRange {
-  int64_t lo = 0;
-  int64_t hi = 0;
-};
 
 bool ComputeRange(const void* data, DType dtype, const int64_t* shape,
                   const int64_t* strides, ByteRange* r) {
@@ -75,6 +71,8 @@ std::string ShapeString(const int64_t* shape) {
      << shape[3] << "]";
   return os.str();
 }
+
+namespace {
 
 // Common checks of one Q/K/V/O view: dtype, positive extents, data pointer,
 // unit last stride, no int64 overflow. `which` indexes kDimNames.
@@ -123,9 +121,8 @@ uint64_t Magnitude(int64_t x) {
   return x < 0 ? 0 - static_cast<uint64_t>(x) : static_cast<uint64_t>(x);
 }
 
-// An output must not write one address twice: sorted by |stride|, each
-// dimension's stride must step past everything the inner ones span. Called
-// after ComputeRange succeeded, so the spans fit in int64.
+}  // namespace
+
 bool SelfOverlaps(const int64_t* shape, const int64_t* strides) {
   int idx[4] = {0, 1, 2, 3};
   std::sort(idx, idx + 4, [&](int a, int b) {
@@ -140,6 +137,8 @@ bool SelfOverlaps(const int64_t* shape, const int64_t* strides) {
   }
   return false;
 }
+
+namespace {
 
 // True when a view's extents are all zero (the "absent" optional view).
 bool AllZero(const int64_t* shape) {

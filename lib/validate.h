@@ -5,10 +5,39 @@
 #define SIMDATTN_LIB_VALIDATE_H_
 
 #include <cstdint>
+#include <string>
 
 #include "simdattn/attention.h"
 
 namespace simdattn {
+
+// ---------------------------------------------------------------- Views
+// Helpers for every entry point that checks views.
+
+// f32, f16 or bf16; KnownDType also allows bool.
+bool IsStorageType(DType t);
+bool KnownDType(DType t);
+
+// Byte range [lo, hi) touched by a view.
+struct ByteRange {
+  int64_t lo = 0;
+  int64_t hi = 0;
+};
+
+// The bytes a view touches (extents <= 0 count as 1); false on int64
+// overflow.
+bool ComputeRange(const void* data, DType dtype, const int64_t* shape,
+                  const int64_t* strides, ByteRange* r);
+bool Overlap(const ByteRange& a, const ByteRange& b);
+
+// True when distinct elements of the view share an address (an output must
+// not write one address twice). Call after ComputeRange succeeded.
+bool SelfOverlaps(const int64_t* shape, const int64_t* strides);
+
+// "[d0, d1, d2, d3]".
+std::string ShapeString(const int64_t* shape);
+
+// ---------------------------------------------------------------- Attention
 
 // Extents and options of one validated call.
 struct Problem {

@@ -112,6 +112,48 @@ py::tuple Attention(const Operand& q, const Operand& k, const Operand& v,
   return py::make_tuple(status, "", info.target, info.path);
 }
 
+// (positions, cos, sin addresses, max_position, rotary_dim, interleaved) of
+// the rotary embedding; a positions address of 0: no rotation.
+using Rotary = std::tuple<uintptr_t, uintptr_t, uintptr_t, int64_t, int64_t, bool>;
+
+// Runs simdattn_append_kv; returns (status, message).
+py::tuple AppendKv(const Operand& k_new, const Operand& v_new,
+                   const Operand& k_cache, const Operand& v_cache,
+                   uintptr_t slot_mapping, py::object q, const Rotary& rotary,
+                   int32_t threads) {
+  const simdattn_tensor tk = ToTensor(k_new), tv = ToTensor(v_new),
+                        tkc = ToTensor(k_cache), tvc = ToTensor(v_cache);
+  simdattn_tensor tq;
+  const bool has_q = !q.is_none();
+  if (has_q) tq = ToTensor(q.cast<Operand>());
+  simdattn_rotary rot;
+  simdattn_rotary_init(&rot);
+  rot.positions = reinterpret_cast<const int32_t*>(std::get<0>(rotary));
+  rot.cos = reinterpret_cast<const float*>(std::get<1>(rotary));
+  rot.sin = reinterpret_cast<const float*>(std::get<2>(rotary));
+  rot.max_position = std::get<3>(rotary);
+  rot.rotary_dim = std::get<4>(rotary);
+  rot.interleaved = std::get<5>(rotary);
+  simdattn_exec exec;
+  simdattn_exec_init(&exec);
+  if (threads > 0) {
+    exec.pool = PoolOf(threads);
+    if (exec.pool == nullptr) {
+      return py::make_tuple(int{SIMDATTN_OUT_OF_MEMORY}, "could not create a pool of threads");
+    }
+  }
+  int status;
+  std::string message;
+  {
+    py::gil_scoped_release release;
+    status = simdattn_append_kv(&tk, &tv, &tkc, &tvc,
+                                reinterpret_cast<const int32_t*>(slot_mapping), &rot,
+                                has_q ? &tq : nullptr, &exec);
+    if (status != SIMDATTN_OK) message = simdattn_last_error();
+  }
+  return py::make_tuple(status, message);
+}
+
 // The paged cache and ragged rows of paged_attention: (address, ...) of
 // int32 arrays the Python side made contiguous; cu_seqlens 0: one query
 // per sequence.
@@ -190,6 +232,7 @@ PYBIND11_MODULE(_simdattn, m) {
       .def(py::init<bool, float, bool, int32_t, int64_t, int64_t, float, Vector,
                     Vector, Vector, float, uint64_t>());
   m.def("attention", &Attention);
+  m.def("append_kv", &AppendKv);
   py::class_<PagedArrays>(m, "PagedArrays")
       .def(py::init<uintptr_t, int64_t, int64_t, uintptr_t, int64_t, uintptr_t>());
   m.def("paged_attention", &PagedAttention);

@@ -118,6 +118,19 @@ struct RotaryEmbedding {
 // rotary.positions set, K is rotated before it is stored, and so is q
 // ([1, Hq, tokens, Dk], in place) when q.data is not null. Two tokens may
 // not map to one slot. Bad input: kInvalidArgument and nothing written.
+//
+// Rotation is computed in f32 from the stored values and rounded once (to
+// the cache's dtype, or back to q's). q is rotated for every token, those
+// with a negative slot too; q without rotary.positions is kInvalidArgument.
+// k_new, v_new and q may have 0 tokens (a no-op; data may then be null).
+// The K and V caches may differ in dtype. Of exec only the executor is
+// used: the call keeps no scratch but a per-thread copy of the slots (for
+// the duplicate check) and has no per-target code. Results do not depend
+// on the thread count. Returns kOk, kInvalidArgument (the message names
+// the argument and value: a slot >= num_blocks * block_size, a position
+// outside [0, max_position), mismatched extents, block_size not a multiple
+// of 8, an output overlapping an input or the other cache, ...),
+// kOutOfMemory or kInternal; nothing is written unless kOk.
 SIMDATTN_API Status AppendKv(const TensorView& k_new, const TensorView& v_new,
                              const MutableTensorView& k_cache,
                              const MutableTensorView& v_cache,

@@ -268,6 +268,68 @@ SIMDATTN_C_API int simdattn_get_info(simdattn_info* info);
  * ignore it). SIMDATTN_INVALID_ARGUMENT for an unknown name. */
 SIMDATTN_C_API int simdattn_set_max_target(const char* name);
 
+/* ------------------------------------------------------------- append */
+
+/* Views for the serving calls. Token-major [tokens, heads, d] storage (new
+ * tokens, q) as the logical [1, heads, tokens, d]; a paged K or V cache as
+ * the logical [num_blocks, heads, block_size, d], stored as
+ * [num_blocks, block_size, heads, d] ("NHD", vLLM's and FlashAttention's)
+ * or [num_blocks, heads, block_size, d] ("HND"). */
+SIMDATTN_C_API simdattn_tensor simdattn_token_major(void* data, int32_t dtype,
+                                                    int64_t tokens,
+                                                    int64_t heads, int64_t d);
+SIMDATTN_C_API simdattn_tensor simdattn_paged_nhd(void* data, int32_t dtype,
+                                                  int64_t num_blocks,
+                                                  int64_t block_size,
+                                                  int64_t heads, int64_t d);
+SIMDATTN_C_API simdattn_tensor simdattn_paged_hnd(void* data, int32_t dtype,
+                                                  int64_t num_blocks,
+                                                  int64_t block_size,
+                                                  int64_t heads, int64_t d);
+
+/* Rotary position embedding (RoPE) for simdattn_append_kv. Token t at
+ * position p = positions[t] rotates the pairs of its first rotary_dim dims
+ * by the angle whose cos and sin are cos[p * rotary_dim / 2 + i] and
+ * sin[p * rotary_dim / 2 + i] (f32 tables [max_position, rotary_dim / 2]):
+ * pair i is dims (2i, 2i + 1) when interleaved (GPT-J), (i, i + rotary_dim
+ * / 2) otherwise (GPT-NeoX, Llama); (x, y) becomes (x cos - y sin,
+ * y cos + x sin). simdattn_rotary_init() sets: no rotation. */
+typedef struct simdattn_rotary {
+  size_t struct_size;        /* sizeof(simdattn_rotary) */
+  const int32_t* positions;  /* [tokens], each in [0, max_position); NULL: no rotation */
+  const float* cos;          /* [max_position, rotary_dim / 2] */
+  const float* sin;          /* [max_position, rotary_dim / 2] */
+  int64_t max_position;
+  int64_t rotary_dim;        /* even, in [2, Dk]; 0: Dk */
+  int32_t interleaved;       /* non-zero: GPT-J pairs; 0: NeoX pairs */
+} simdattn_rotary;
+
+SIMDATTN_C_API void simdattn_rotary_init(simdattn_rotary* rotary);
+
+/* Writes the K and V of `tokens` new tokens into paged caches: token t goes
+ * to page slot_mapping[t] / block_size, row slot_mapping[t] % block_size
+ * (vLLM's convention); a negative slot skips the token's K and V. k_new
+ * [1, Hkv, tokens, Dk] and v_new [1, Hkv, tokens, Dv] (simdattn_token_major)
+ * are converted to their cache's dtype (f32, f16, bf16; k_cache
+ * [num_blocks, Hkv, block_size, Dk], v_cache [num_blocks, Hkv, block_size,
+ * Dv], block_size a multiple of 8) with round to nearest even. With
+ * rotary->positions set, K is rotated (in f32, rounded once) before it is
+ * stored, and so is q ([1, Hq, tokens, Dk], in place, every token) when q
+ * is not NULL. rotary, q and exec may be NULL; of exec only the executor
+ * (pool or parallel-for) is used. Returns SIMDATTN_OK, or
+ * SIMDATTN_INVALID_ARGUMENT (two tokens on one slot, a slot or position
+ * out of range, mismatched extents, aliasing, ...: simdattn_last_error()
+ * names it; nothing is written), SIMDATTN_OUT_OF_MEMORY, SIMDATTN_INTERNAL.
+ * SEMANTICS.md, "Appending to a paged cache". */
+SIMDATTN_C_API int simdattn_append_kv(const simdattn_tensor* k_new,
+                                      const simdattn_tensor* v_new,
+                                      const simdattn_tensor* k_cache,
+                                      const simdattn_tensor* v_cache,
+                                      const int32_t* slot_mapping,
+                                      const simdattn_rotary* rotary,
+                                      const simdattn_tensor* q,
+                                      const simdattn_exec* exec);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

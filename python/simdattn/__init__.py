@@ -1,6 +1,7 @@
 """simdattn: fused scaled dot-product attention on CPUs.
 
     out = simdattn.attention(q, k, v, causal=True, alignment="bottom-right")
+    simdattn.append_kv(k_new, v_new, k_cache, v_cache, slot_mapping)
 
 q, k, v (and out, mask) are NumPy arrays or PyTorch CPU tensors, read in
 place through their strides; the result is of q's kind. Every option is
@@ -13,7 +14,7 @@ import math as _math
 
 from . import _simdattn
 
-__all__ = ["attention", "paged_attention", "info", "__version__"]
+__all__ = ["append_kv", "attention", "paged_attention", "info", "__version__"]
 
 __version__ = _simdattn.version()
 
@@ -286,6 +287,203 @@ def attention(q, k, v, *, out=None, return_lse=False, layout="bhsd", scale=None,
     return (result, lse) if return_lse else result
 
 
+# ---------------------------------------------------------------- append
+
+
+def _token_rows(x, name, writable=False):
+    """A [tokens, heads, d] operand as the logical [1, heads, tokens, d]."""
+    op = _describe(x, name)
+    if len(op.shape) != 3:
+        raise ValueError(f"{name} has {len(op.shape)} dimensions, shape {op.shape}: "
+                         "must be 3-D [tokens, heads, head_dim]")
+    if writable and not op.writable:
+        raise ValueError(f"{name} is read-only: it is rotated in place")
+    op.user_shape = op.shape
+    t, h, d = op.shape
+    op.shape = (1, h, t, d)
+    op.strides = (0, op.strides[1], op.strides[0], op.strides[2])
+    return op
+
+
+def _paged(x, name, kv_layout, writable=True):
+    """A cache [num_blocks, block_size, heads, d] ("NHD") or [num_blocks,
+    heads, block_size, d] ("HND") as the logical [num_blocks, heads,
+    block_size, d]."""
+    op = _describe(x, name)
+    if len(op.shape) != 4:
+        raise ValueError(f"{name} has {len(op.shape)} dimensions, shape {op.shape}: "
+                         f"must be 4-D ({kv_layout})")
+    if writable and not op.writable:
+        raise ValueError(f"{name} is read-only: the new tokens are written into it")
+    op.user_shape = op.shape
+    if kv_layout == "NHD":
+        op.shape = (op.shape[0], op.shape[2], op.shape[1], op.shape[3])
+        op.strides = (op.strides[0], op.strides[2], op.strides[1], op.strides[3])
+    return op
+
+
+def _int32_vector(x, name, want):
+    """(address, holder) of `want` int32 values. int32 arrays and tensors
+    are read in place when contiguous; other integer ones (int64 above all)
+    and lists are converted, and every value must fit int32."""
+    if _is_torch(x):
+        import torch
+        if x.device.type != "cpu":
+            raise ValueError(f"{name} is on {x.device}: must be on the CPU")
+        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+            raise ValueError(f"{name}.dtype = {x.dtype}: must be an integer type")
+        if x.dtype != torch.int32:
+            if x.numel() and (int(x.min()) < -2**31 or int(x.max()) >= 2**31):
+                raise ValueError(f"{name} has values outside the int32 range")
+            x = x.to(torch.int32)
+        x = x.contiguous()
+        shape, address = tuple(x.shape), x.data_ptr()
+    elif _is_numpy(x):
+        import numpy as np
+        if x.dtype.kind not in "iu":
+            raise ValueError(f"{name}.dtype = {x.dtype}: must be an integer type")
+        if x.dtype != np.int32:
+            if x.size and (int(x.min()) < -2**31 or int(x.max()) >= 2**31):
+                raise ValueError(f"{name} has values outside the int32 range")
+            x = x.astype(np.int32)
+        x = np.ascontiguousarray(x)
+        shape, address = x.shape, x.__array_interface__["data"][0]
+    else:
+        try:
+            x = _array.array("i", x)
+        except (TypeError, OverflowError) as e:
+            raise ValueError(f"{name}: {e}") from None
+        shape, address = (len(x),), x.buffer_info()[0]
+    if len(shape) != 1 or shape[0] != want:
+        raise ValueError(f"{name} has shape {shape}: must be (tokens = {want},)")
+    return address, x
+
+
+def _table(x, name):
+    """(address, shape, holder) of a float32 [max_position, rotary_dim / 2]
+    table; other float dtypes are converted."""
+    if _is_torch(x):
+        if x.device.type != "cpu":
+            raise ValueError(f"{name} is on {x.device}: must be on the CPU")
+        if not x.dtype.is_floating_point:
+            raise ValueError(f"{name}.dtype = {x.dtype}: must be a float type")
+        import torch
+        x = x.to(torch.float32).contiguous()
+        shape, address = tuple(x.shape), x.data_ptr()
+    elif _is_numpy(x):
+        import numpy as np
+        if x.dtype.kind != "f":
+            raise ValueError(f"{name}.dtype = {x.dtype}: must be a float type")
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        shape, address = x.shape, x.__array_interface__["data"][0]
+    else:
+        raise TypeError(f"{name} must be a NumPy array or a torch tensor, "
+                        f"got {type(x).__name__}")
+    if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
+        raise ValueError(f"{name} has shape {shape}: must be "
+                         "[max_position, rotary_dim / 2], both positive")
+    return address, shape, x
+
+
+def _check_append_shapes(k, v, kc, vc, q):
+    """The extents that Python names differently from the library: tokens,
+    heads and head dims of the [tokens, heads, d] inputs against each other
+    and against the caches' logical [num_blocks, heads, block_size, d]."""
+    (t, h, dk), (tv, hv, dv) = k.user_shape, v.user_shape
+    if (tv, hv) != (t, h):
+        raise ValueError(f"k_new has shape {k.user_shape} and v_new {v.user_shape}: "
+                         "they must agree in tokens and heads")
+    for name, c, d in (("k_cache", kc, dk), ("v_cache", vc, dv)):
+        if c.shape[1] != h or c.shape[3] != d:
+            raise ValueError(f"{name} has shape {c.user_shape}: its heads and head_dim "
+                             f"must be {h} and {d}, as {name[0]}_new's")
+    if kc.shape[0] != vc.shape[0] or kc.shape[2] != vc.shape[2]:
+        raise ValueError(f"k_cache has shape {kc.user_shape} and v_cache "
+                         f"{vc.user_shape}: they must agree in num_blocks and block_size")
+    if q is not None and (q.user_shape[0] != t or q.user_shape[2] != dk):
+        raise ValueError(f"q has shape {q.user_shape}: must be [tokens = {t}, Hq, "
+                         f"head_dim = {dk}]")
+
+
+def _rotary(positions, cos, sin, q, tokens, interleaved):
+    """The rotary tuple of _simdattn.append_kv and the objects holding its
+    memory."""
+    if positions is None:
+        for name, x in (("cos", cos), ("sin", sin), ("q", q)):
+            if x is not None:
+                raise ValueError(f"{name} is given without positions: rotary "
+                                 "embedding needs positions, cos and sin")
+        return (0, 0, 0, 0, 0, False), ()
+    if cos is None or sin is None:
+        raise ValueError("positions is given without " + ("cos" if cos is None else "sin")
+                         + ": rotary embedding needs positions, cos and sin")
+    pos, pos_mem = _int32_vector(positions, "positions", tokens)
+    cos_addr, shape, cos_mem = _table(cos, "cos")
+    sin_addr, sin_shape, sin_mem = _table(sin, "sin")
+    if sin_shape != shape:
+        raise ValueError(f"sin has shape {sin_shape} but cos has {shape}: they must agree")
+    rot = (pos, cos_addr, sin_addr, shape[0], 2 * shape[1], bool(interleaved))
+    return rot, (pos_mem, cos_mem, sin_mem)
+
+
+def append_kv(k_new, v_new, k_cache, v_cache, slot_mapping, *, q=None, positions=None,
+              cos=None, sin=None, rotary_interleaved=False, kv_layout="NHD",
+              threads=None):
+    """Writes new tokens' K and V into a paged KV cache, in place.
+
+    k_new [tokens, Hkv, Dk], v_new [tokens, Hkv, Dv]: NumPy arrays (float32,
+    float16) or PyTorch CPU tensors (also bfloat16), any strides with a
+    contiguous last dimension (views into a fused QKV buffer work).
+    k_cache, v_cache: [num_blocks, block_size, Hkv, D] for kv_layout "NHD"
+    (vLLM's) or [num_blocks, Hkv, block_size, D] for "HND", writable, each
+    of any of those dtypes (the values are rounded to nearest even);
+    block_size is a multiple of 8.
+    slot_mapping [tokens]: token t goes to block slot // block_size, row
+    slot % block_size; a negative slot skips the token. Integer arrays or a
+    list: int32 is read in place, other integer types are converted (every
+    value must fit int32).
+
+    Rotary embedding (RoPE) when positions is given: positions [tokens]
+    (integers as slot_mapping, each in [0, max_position)), cos and sin
+    [max_position, rotary_dim / 2] (float32; other float dtypes are
+    converted). K's first rotary_dim dims are rotated before they are
+    stored, and so are q's ([tokens, Hq, Dk], writable; every token, those
+    with a negative slot too), in place: pairs (2i, 2i + 1) when
+    rotary_interleaved (GPT-J), (i, i + rotary_dim / 2) otherwise
+    (GPT-NeoX, Llama); (x, y) becomes (x cos - y sin, y cos + x sin).
+    threads: None for the library's pool of all cores, else a pool of that
+    many threads. Returns None.
+
+    Raises ValueError for invalid arguments (two tokens on one slot, a slot
+    or position out of range, mismatched shapes, a read-only cache, ...;
+    nothing is written then), TypeError for operands that are neither
+    arrays nor tensors, MemoryError, RuntimeError. The GIL is released
+    during the call.
+    """
+    if kv_layout not in ("NHD", "HND"):
+        raise ValueError(f"kv_layout = {kv_layout!r}: must be 'NHD' or 'HND'")
+    if threads is not None and (not isinstance(threads, int) or not 1 <= threads <= 1024):
+        raise ValueError(f"threads = {threads!r}: must be None or an int in 1..1024")
+    ko = _token_rows(k_new, "k_new")
+    vo = _token_rows(v_new, "v_new")
+    kc = _paged(k_cache, "k_cache", kv_layout)
+    vc = _paged(v_cache, "v_cache", kv_layout)
+    qo = None if q is None else _token_rows(q, "q", writable=True)
+    _check_append_shapes(ko, vo, kc, vc, qo)
+    tokens = ko.user_shape[0]
+    slots, slots_mem = _int32_vector(slot_mapping, "slot_mapping", tokens)
+    rot, rot_mem = _rotary(positions, cos, sin, q, tokens, rotary_interleaved)
+    status, message = _simdattn.append_kv(
+        ko.as_tuple(), vo.as_tuple(), kc.as_tuple(), vc.as_tuple(), slots,
+        None if qo is None else qo.as_tuple(), rot, 0 if threads is None else threads)
+    del slots_mem, rot_mem  # held until the call returned
+    if status != _simdattn.OK:
+        raise _ERRORS.get(status, RuntimeError)(message)
+
+
+# ---------------------------------------------------------------- paged
+
+
 def _int32_rows(x, name, ndim):
     """x as a contiguous int32 array of `ndim` dimensions (NumPy or torch;
     other integer types are converted): (address, shape, holder)."""
@@ -310,30 +508,6 @@ def _int32_rows(x, name, ndim):
         raise ValueError(f"{name} has shape {tuple(shape)}: must have {ndim} "
                          f"dimension{'s' if ndim > 1 else ''}")
     return address, tuple(shape), x
-
-
-def _token_major(x, name):
-    """A [tokens, heads, d] operand as the logical [1, heads, tokens, d]."""
-    op = _describe(x, name)
-    if len(op.shape) != 3:
-        raise ValueError(f"{name} has shape {op.shape}: must be 3-D "
-                         "[tokens, heads, head_dim]")
-    op.shape = (1, op.shape[1], op.shape[0], op.shape[2])
-    op.strides = (0, op.strides[1], op.strides[0], op.strides[2])
-    return op
-
-
-def _paged(x, name, kv_layout):
-    """A paged cache ("NHD" [num_blocks, block_size, H, D] or "HND"
-    [num_blocks, H, block_size, D]) as the logical [num_blocks, H,
-    block_size, D]."""
-    op = _describe(x, name)
-    if len(op.shape) != 4:
-        raise ValueError(f"{name} has shape {op.shape}: must be 4-D ({kv_layout})")
-    if kv_layout == "NHD":
-        op.shape = (op.shape[0], op.shape[2], op.shape[1], op.shape[3])
-        op.strides = (op.strides[0], op.strides[2], op.strides[1], op.strides[3])
-    return op
 
 
 def paged_attention(q, k_cache, v_cache, block_table, kv_lens, *, cu_seqlens_q=None,
@@ -364,9 +538,9 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, *, cu_seqlens_q=N
     if kv_layout not in ("NHD", "HND"):
         raise ValueError(f"kv_layout = {kv_layout!r}: must be 'NHD' or 'HND'")
     _check_scalars(scale, window, softcap, dropout_p, seed, threads, target)
-    qo = _token_major(q, "q")
-    ko = _paged(k_cache, "k_cache", kv_layout)
-    vo = _paged(v_cache, "v_cache", kv_layout)
+    qo = _token_rows(q, "q")
+    ko = _paged(k_cache, "k_cache", kv_layout, writable=False)
+    vo = _paged(v_cache, "v_cache", kv_layout, writable=False)
     table, table_shape, table_mem = _int32_rows(block_table, "block_table", 2)
     lens, lens_shape, lens_mem = _int32_rows(kv_lens, "kv_lens", 1)
     num_seqs = lens_shape[0]
@@ -384,9 +558,7 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, *, cu_seqlens_q=N
     sink, sink_mem = _vector(sinks, "sinks", hq, False)
     if out is None:
         out = _new_like(qo, (total_q, hq, vo.shape[3]), qo.dtype)
-    oo = _token_major(out, "out")
-    if not oo.writable:
-        raise ValueError("out is read-only")
+    oo = _token_rows(out, "out", writable=True)
     lse = lse_op = None
     if return_lse:
         lse = _new_like(qo, (hq, total_q), _F32)
