@@ -12,34 +12,12 @@
 namespace simdattn {
 namespace {
 
-Status Invalid(const std::string& message) {
-  Status s;
-  s.code = StatusCode::kInvalidArgument;
-  s.message = message;
-  return s;
+// |x| without overflow for INT64_MIN.
+uint64_t Magnitude(int64_t x) {
+  return x < 0 ? 0 - static_cast<uint64_t>(x) : static_cast<uint64_t>(x);
 }
 
-const char* const kDimNames[4][4] = {
-    {"B", "Hq", "Lq", "Dk"},   // q
-    {"B", "Hkv", "Lk", "Dk"},  // k
-    {"B", "Hkv", "Lk", "Dv"},  // v
-    {"B", "Hq", "Lq", "Dv"},   // o
-};
-
-bool IsStorageType(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
-}
-
-bool KnownDType(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 ||
-         t == DType::kBool;
-}
-
-// Byte range [lo, hi) touched by a view; false on int64 overflow.
-struct ByteRange {
-  int64_t lo = 0;
-  int64_t hi = 0;
-};
+}  // namespace
 
 bool ComputeRange(const void* data, DType dtype, const int64_t* shape,
                   const int64_t* strides, ByteRange* r) {
@@ -74,6 +52,48 @@ std::string ShapeString(const int64_t* shape) {
   os << "[" << shape[0] << ", " << shape[1] << ", " << shape[2] << ", "
      << shape[3] << "]";
   return os.str();
+}
+
+// Sorted by |stride|, each dimension's stride must step past everything
+// the inner ones span.
+bool SelfOverlaps(const int64_t* shape, const int64_t* strides) {
+  int idx[4] = {0, 1, 2, 3};
+  std::sort(idx, idx + 4, [&](int a, int b) {
+    return Magnitude(strides[a]) < Magnitude(strides[b]);
+  });
+  uint64_t span = 0;  // max element offset covered by the inner dimensions
+  for (int n = 0; n < 4; ++n) {
+    const int i = idx[n];
+    if (shape[i] <= 1) continue;
+    if (Magnitude(strides[i]) <= span) return true;
+    span += Magnitude(strides[i]) * static_cast<uint64_t>(shape[i] - 1);
+  }
+  return false;
+}
+
+namespace {
+
+Status Invalid(const std::string& message) {
+  Status s;
+  s.code = StatusCode::kInvalidArgument;
+  s.message = message;
+  return s;
+}
+
+const char* const kDimNames[4][4] = {
+    {"B", "Hq", "Lq", "Dk"},   // q
+    {"B", "Hkv", "Lk", "Dk"},  // k
+    {"B", "Hkv", "Lk", "Dv"},  // v
+    {"B", "Hq", "Lq", "Dv"},   // o
+};
+
+bool IsStorageType(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
+
+bool KnownDType(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 ||
+         t == DType::kBool;
 }
 
 // Common checks of one Q/K/V/O view: dtype, positive extents, data pointer,
@@ -116,29 +136,6 @@ Status CheckView(const char* name, int which, const void* data, DType dtype,
                    ShapeString(shape) + " with its strides overflow int64");
   }
   return Status::Ok();
-}
-
-// |x| without overflow for INT64_MIN.
-uint64_t Magnitude(int64_t x) {
-  return x < 0 ? 0 - static_cast<uint64_t>(x) : static_cast<uint64_t>(x);
-}
-
-// An output must not write one address twice: sorted by |stride|, each
-// dimension's stride must step past everything the inner ones span. Called
-// after ComputeRange succeeded, so the spans fit in int64.
-bool SelfOverlaps(const int64_t* shape, const int64_t* strides) {
-  int idx[4] = {0, 1, 2, 3};
-  std::sort(idx, idx + 4, [&](int a, int b) {
-    return Magnitude(strides[a]) < Magnitude(strides[b]);
-  });
-  uint64_t span = 0;  // max element offset covered by the inner dimensions
-  for (int n = 0; n < 4; ++n) {
-    const int i = idx[n];
-    if (shape[i] <= 1) continue;
-    if (Magnitude(strides[i]) <= span) return true;
-    span += Magnitude(strides[i]) * static_cast<uint64_t>(shape[i] - 1);
-  }
-  return false;
 }
 
 // True when a view's extents are all zero (the "absent" optional view).

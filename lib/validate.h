@@ -5,10 +5,31 @@
 #define SIMDATTN_LIB_VALIDATE_H_
 
 #include <cstdint>
+#include <string>
 
 #include "simdattn/attention.h"
 
 namespace simdattn {
+
+// Byte range [lo, hi) touched by a view.
+struct ByteRange {
+  int64_t lo = 0;
+  int64_t hi = 0;
+};
+
+// The bytes a 4-D view of `shape` and `strides` (elements) from `data`
+// touches, into *r; false on int64 overflow (extents <= 0 are skipped).
+bool ComputeRange(const void* data, DType dtype, const int64_t* shape,
+                  const int64_t* strides, ByteRange* r);
+
+bool Overlap(const ByteRange& a, const ByteRange& b);
+
+// Whether an output view writes one address for two distinct elements.
+// Call after ComputeRange succeeded, so that the spans fit in int64.
+bool SelfOverlaps(const int64_t* shape, const int64_t* strides);
+
+// "[d0, d1, d2, d3]", for messages.
+std::string ShapeString(const int64_t* shape);
 
 // Extents and options of one validated call.
 struct Problem {
