@@ -1,6 +1,7 @@
 """simdattn: fused scaled dot-product attention on CPUs.
 
     out = simdattn.attention(q, k, v, causal=True, alignment="bottom-right")
+    out, lse = simdattn.merge_states([o1, o2], [lse1, lse2])
 
 q, k, v (and out, mask) are NumPy arrays or PyTorch CPU tensors, read in
 place through their strides; the result is of q's kind. Every option is
@@ -13,7 +14,7 @@ import math as _math
 
 from . import _simdattn
 
-__all__ = ["attention", "info", "__version__"]
+__all__ = ["attention", "merge_states", "info", "__version__"]
 
 __version__ = _simdattn.version()
 
@@ -284,3 +285,65 @@ def attention(q, k, v, *, out=None, return_lse=False, layout="bhsd", scale=None,
     if status != _simdattn.OK:
         raise _ERRORS.get(status, RuntimeError)(message)
     return (result, lse) if return_lse else result
+
+
+def _lse_operand(x, name, shape):
+    """An LSE [B, H, L] or [B, H, L, 1] (float32) as the 4-D [B, H, L, 1]."""
+    op = _describe(x, name, (_F32,))
+    if len(op.shape) == 3:
+        op.shape += (1,)
+        op.strides += (1,)
+    if op.shape != tuple(shape[:3]) + (1,):
+        raise ValueError(f"{name} has shape {tuple(x.shape)}: must be [B, H, L] or "
+                         f"[B, H, L, 1] = {list(shape[:3])} (outs[0] is {list(shape)})")
+    return op
+
+
+def merge_states(outs, lses, *, out=None, threads=None):
+    """Merges attention results over disjoint sets of keys into what one call
+    over all the keys gives (docs/SEMANTICS.md "Merging partial results").
+
+    outs: a list of parts [B, H, L, Dv] as attention() returns them with
+    layout="bhsd" (float32, float16, bfloat16 for torch; the dtypes may
+    differ); lses: their log-sum-exps, float32 [B, H, L] as
+    attention(return_lse=True) returns them (or [B, H, L, 1]). Returns
+    (out, lse): lse = log(sum_i exp(lses[i])) float32 [B, H, L], and
+    out = sum_i exp(lses[i] - lse) * outs[i], written into `out` when given
+    (it may be outs[0] itself), else a new array of outs[0]'s kind and
+    dtype. A part whose LSE is -inf (it saw no key) adds nothing; a row no
+    part saw gives zeros and -inf; a NaN LSE gives a NaN row, +inf out NaN
+    and lse +inf. threads: None for the library's pool, else a pool of that
+    many threads.
+
+    Raises ValueError for invalid arguments (the library's message names
+    them; nothing is written), TypeError for operands that are not arrays.
+    The GIL is released during the call.
+    """
+    if isinstance(outs, (str, bytes)) or not hasattr(outs, "__len__"):
+        raise ValueError(f"outs must be a list of arrays, got {type(outs).__name__}")
+    if isinstance(lses, (str, bytes)) or not hasattr(lses, "__len__"):
+        raise ValueError(f"lses must be a list of arrays, got {type(lses).__name__}")
+    if len(outs) == 0:
+        raise ValueError("outs is empty: merge_states needs at least one part")
+    if len(lses) != len(outs):
+        raise ValueError(f"len(lses) = {len(lses)} but len(outs) = {len(outs)}: "
+                         "one LSE per part")
+    if threads is not None and (not isinstance(threads, int) or not 1 <= threads <= 1024):
+        raise ValueError(f"threads = {threads!r}: must be None or an int in 1..1024")
+    parts = [_four_d(_describe(o, f"outs[{i}]"), f"outs[{i}]", "bhsd")
+             for i, o in enumerate(outs)]
+    shape = parts[0].shape
+    lse_ops = [_lse_operand(x, f"lses[{i}]", shape) for i, x in enumerate(lses)]
+    if out is None:
+        out = _new_like(parts[0], shape, parts[0].dtype)
+    o = _four_d(_describe(out, "out"), "out", "bhsd")
+    if not o.writable:
+        raise ValueError("out is read-only")
+    lse = _new_like(parts[0], shape[:3], _F32)
+    lse_op = _lse_operand(lse, "lse", shape)
+    status, message = _simdattn.merge_states(
+        [p.as_tuple() for p in parts], [x.as_tuple() for x in lse_ops],
+        o.as_tuple(), lse_op.as_tuple(), 0 if threads is None else threads)
+    if status != _simdattn.OK:
+        raise _ERRORS.get(status, RuntimeError)(message)
+    return out, lse
