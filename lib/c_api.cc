@@ -2,7 +2,7 @@
 // C++ API's types, checks what only the C structs carry (struct sizes,
 // enum values, the lengths of the option arrays), and keeps each thread's
 // last error message. Nothing here allocates on the path of a call that
-// succeeds.
+// succeeds, except a merge of more than kStackParts parts.
 
 #include "simdattn/simdattn.h"
 
@@ -12,6 +12,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "lib/dispatch.h"
 #include "simdattn/attention.h"
@@ -280,6 +281,36 @@ Status CWorkspaceSize(const simdattn_tensor* q, const simdattn_tensor* k,
   return simdattn::WorkspaceSize(ToView(*q), ToView(*k), ToView(*v), opt, ex, bytes);
 }
 
+// Parts of a merge converted on the stack; more go to the heap.
+constexpr int64_t kStackParts = 32;
+
+Status CMergeStates(const simdattn_tensor* outs, const simdattn_tensor* lses,
+                    int64_t num_parts, const simdattn_tensor* out,
+                    const simdattn_tensor* lse, const simdattn_exec* exec) {
+  if (outs == nullptr) return Invalid("outs is NULL with num_parts = " + std::to_string(num_parts));
+  if (lses == nullptr) return Invalid("lses is NULL with num_parts = " + std::to_string(num_parts));
+  if (out == nullptr) return Invalid("out is NULL");
+  ExecutionOptions ex;
+  Status s = ConvertExec(exec, &ex);
+  if (!s.ok()) return s;
+  TensorView stack_outs[kStackParts], stack_lses[kStackParts];
+  std::vector<TensorView> heap_outs, heap_lses;
+  TensorView* o = stack_outs;
+  TensorView* l = stack_lses;
+  if (num_parts > kStackParts) {
+    heap_outs.resize(static_cast<size_t>(num_parts));
+    heap_lses.resize(static_cast<size_t>(num_parts));
+    o = heap_outs.data();
+    l = heap_lses.data();
+  }
+  for (int64_t i = 0; i < num_parts; ++i) {
+    o[i] = ToView(outs[i]);
+    l[i] = ToView(lses[i]);
+  }
+  const MutableTensorView lse_view = lse != nullptr ? ToMutableView(*lse) : MutableTensorView();
+  return MergeStates(o, l, num_parts, ToMutableView(*out), lse_view, ex);
+}
+
 // Names of the compiled and available targets, as the dispatch table has
 // them now (tests may switch the AMX entry to its emulator); the names are
 // static strings, the arrays live as long as the process.
@@ -501,6 +532,16 @@ int simdattn_workspace_size(const simdattn_tensor* q, const simdattn_tensor* k,
 }
 
 void simdattn_release_thread_buffers(void) { simdattn::ReleaseThreadBuffers(); }
+
+int simdattn_merge_states(const simdattn_tensor* outs,
+                          const simdattn_tensor* lses, int64_t num_parts,
+                          const simdattn_tensor* out,
+                          const simdattn_tensor* lse,
+                          const simdattn_exec* exec) {
+  return simdattn::Guarded([&] {
+    return simdattn::CMergeStates(outs, lses, num_parts, out, lse, exec);
+  });
+}
 
 int simdattn_get_info(simdattn_info* info) {
   return simdattn::Guarded([&] { return simdattn::GetInfo(info); });

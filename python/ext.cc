@@ -208,6 +208,37 @@ py::tuple PagedAttention(const Operand& q, const Operand& k, const Operand& v,
   return py::make_tuple(status, "", info.target, info.path);
 }
 
+// Merges partial results; returns (status, message).
+py::tuple MergeStates(const std::vector<Operand>& outs,
+                      const std::vector<Operand>& lses, const Operand& out,
+                      py::object lse, int32_t threads) {
+  std::vector<simdattn_tensor> touts, tlses;
+  for (const Operand& op : outs) touts.push_back(ToTensor(op));
+  for (const Operand& op : lses) tlses.push_back(ToTensor(op));
+  const simdattn_tensor tout = ToTensor(out);
+  simdattn_tensor tlse;
+  const bool has_lse = !lse.is_none();
+  if (has_lse) tlse = ToTensor(lse.cast<Operand>());
+  simdattn_exec exec;
+  simdattn_exec_init(&exec);
+  if (threads > 0) {
+    exec.pool = PoolOf(threads);
+    if (exec.pool == nullptr) {
+      return py::make_tuple(int{SIMDATTN_OUT_OF_MEMORY}, "could not create a pool of threads");
+    }
+  }
+  int status;
+  std::string message;
+  {
+    py::gil_scoped_release release;
+    status = simdattn_merge_states(touts.data(), tlses.data(),
+                                   static_cast<int64_t>(touts.size()), &tout,
+                                   has_lse ? &tlse : nullptr, &exec);
+    if (status != SIMDATTN_OK) message = simdattn_last_error();
+  }
+  return py::make_tuple(status, message);
+}
+
 py::dict Info() {
   simdattn_info info;
   info.struct_size = sizeof(info);
@@ -236,6 +267,7 @@ PYBIND11_MODULE(_simdattn, m) {
   py::class_<PagedArrays>(m, "PagedArrays")
       .def(py::init<uintptr_t, int64_t, int64_t, uintptr_t, int64_t, uintptr_t>());
   m.def("paged_attention", &PagedAttention);
+  m.def("merge_states", &MergeStates);
   m.def("info", &Info);
   m.def("version", [] { return std::string(simdattn_version()); });
   m.attr("OK") = int{SIMDATTN_OK};

@@ -32,6 +32,8 @@ ensure_arm64_arch() {
 
 NATIVE_PACKAGES=(g++ cmake ninja-build pkg-config libhwy-dev libgtest-dev
                  libbenchmark-dev libcli11-dev)
+# MPI for examples/context_parallel.cc (built where CMake finds MPI).
+MPI_PACKAGES=(libopenmpi-dev openmpi-bin)
 BENCH_PACKAGES=(libdnnl-dev)  # bench.sh adds gnuplot-nox for its chart
 # The Python package and its tests (Debian's Python, not another one on PATH).
 PYTHON_PACKAGES=(python3-dev pybind11-dev python3-numpy python3-pytest python3-torch)

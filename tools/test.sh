@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds simdattn for x86-64 and aarch64, and runs
 # every test: natively on each x86 target this CPU has (C++, C and the
-# Python package's pytest suite), under qemu-user for NEON, SVE (512, 256
-# bit) and SVE2 (128, 256, 512 bit), then against the installed package.
+# Python package's pytest suite; the MPI example on 2 ranks), under
+# qemu-user for NEON, SVE (512, 256 bit) and SVE2 (128, 256, 512 bit), then
+# against the installed package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/common.sh
 
 JOBS=${JOBS:-$(nproc)}
-ensure_packages "${NATIVE_PACKAGES[@]}" "${BENCH_PACKAGES[@]}" "${PYTHON_PACKAGES[@]}"
+ensure_packages "${NATIVE_PACKAGES[@]}" "${MPI_PACKAGES[@]}" "${BENCH_PACKAGES[@]}" \
+                "${PYTHON_PACKAGES[@]}"
 ensure_arm64_arch
 ensure_packages g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:arm64
 
@@ -61,6 +63,20 @@ if [[ $expect == *AVX3_AMX* ]]; then
   echo "== x86-64 tests: AVX3_AMX on the tile emulator"
   SIMDATTN_TEST_AMX_EMULATION=1 SIMDATTN_TEST_TARGETS=AVX3_AMX \
     build/x86/tests/simdattn_tests --gtest_brief=1 || status=1
+fi
+
+# Context parallelism: 2 ranks on this machine, shared memory only (btl
+# self,vader, no network); vader's single-copy (CMA) needs ptrace rights
+# that containers often lack, so it copies through the shared segment.
+echo "== x86-64: examples/context_parallel.cc under mpirun -n 2"
+mpi_flags=(--oversubscribe --mca btl self,vader)
+if [ "$(id -u)" -eq 0 ]; then mpi_flags+=(--allow-run-as-root); fi
+if [ -x build/x86/simdattn_context_parallel ]; then
+  OMPI_MCA_btl_vader_single_copy_mechanism=none \
+    mpirun -n 2 "${mpi_flags[@]}" build/x86/simdattn_context_parallel || status=1
+else
+  echo "build/x86/simdattn_context_parallel was not built (CMake found no MPI)"
+  status=1
 fi
 
 echo "== aarch64 tests (qemu-user)"

@@ -148,7 +148,17 @@ SIMDATTN_API Status AppendKv(const TensorView& k_new, const TensorView& v_new,
 // out = sum_i exp(lses[i] - lse) * outs[i]. A part whose row saw no key
 // (LSE -inf) adds nothing; a row no part saw gives out 0 and lse -inf. A
 // sink belongs in one part only. out may alias outs[0] exactly (same data
-// and strides); lse may alias lses[0] likewise.
+// and strides); lse may alias lses[0] likewise. The parts' dtypes may differ
+// from each other and from out's. lse.data null (the default {}) asks for
+// no LSE. A NaN in a row's LSEs makes that row NaN (out and lse); a +inf
+// (a part whose scores overflowed) makes out NaN and lse +inf. Each row is
+// merged in f32 (weights and lse in double) in the order of the parts, in
+// one task: the same bits for any thread count. exec.workspace is not used
+// (the call allocates nothing).
+// Returns kOk, or kInvalidArgument naming the argument (SEMANTICS.md "Bad
+// input": num_parts < 1, null arrays, shapes, dtypes, strides, int64
+// offsets, outputs that overlap each other or an input other than their
+// alias) with nothing written, or kInternal.
 SIMDATTN_API Status MergeStates(const TensorView* outs, const TensorView* lses,
                                 int64_t num_parts,
                                 const MutableTensorView& out,

@@ -330,6 +330,32 @@ SIMDATTN_C_API int simdattn_append_kv(const simdattn_tensor* k_new,
                                       const simdattn_tensor* q,
                                       const simdattn_exec* exec);
 
+/* ------------------------------------------------------------- merge */
+
+/* Merges the results of attention over disjoint sets of keys (split KV
+ * caches, context parallelism) into what one call over all the keys gives,
+ * up to rounding (docs/SEMANTICS.md "Merging partial results"): outs[i]
+ * [B, H, L, Dv] (f32, f16 or bf16, the parts' types may differ) with
+ * lses[i] f32 [B, H, L, 1] (natural log, as simdattn_attention writes
+ * them), i < num_parts, into out [B, H, L, Dv] (f32, f16 or bf16) and,
+ * when lse is not NULL, lse f32 [B, H, L, 1]:
+ *   lse = log(sum_i exp(lses[i])),  out = sum_i exp(lses[i] - lse) * outs[i].
+ * A part whose LSE is -inf adds nothing (its row is not read); a row no
+ * part saw gives out 0 and lse -inf; a NaN LSE gives a NaN row (out and
+ * lse), a +inf one out NaN and lse +inf. out may be outs[0] exactly (same
+ * data, dtype and strides), lse likewise lses[0]; any other overlap of an
+ * output with an input is an error. exec NULL: simdattn_exec_init()'s (its
+ * workspace is not used). The same bits for any thread count.
+ * Returns SIMDATTN_OK, or SIMDATTN_INVALID_ARGUMENT (named by
+ * simdattn_last_error(); nothing written), SIMDATTN_OUT_OF_MEMORY (more
+ * than 32 parts are converted on the heap), SIMDATTN_INTERNAL. */
+SIMDATTN_C_API int simdattn_merge_states(const simdattn_tensor* outs,
+                                         const simdattn_tensor* lses,
+                                         int64_t num_parts,
+                                         const simdattn_tensor* out,
+                                         const simdattn_tensor* lse,
+                                         const simdattn_exec* exec);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

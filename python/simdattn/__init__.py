@@ -2,6 +2,8 @@
 
     out = simdattn.attention(q, k, v, causal=True, alignment="bottom-right")
     simdattn.append_kv(k_new, v_new, k_cache, v_cache, slot_mapping)
+    out = simdattn.paged_attention(q, k_cache, v_cache, block_table, kv_lens)
+    out, lse = simdattn.merge_states([o1, o2], [lse1, lse2])
 
 q, k, v (and out, mask) are NumPy arrays or PyTorch CPU tensors, read in
 place through their strides; the result is of q's kind. Every option is
@@ -14,7 +16,8 @@ import math as _math
 
 from . import _simdattn
 
-__all__ = ["append_kv", "attention", "paged_attention", "info", "__version__"]
+__all__ = ["append_kv", "attention", "merge_states", "paged_attention", "info",
+           "__version__"]
 
 __version__ = _simdattn.version()
 
@@ -297,7 +300,7 @@ def _token_rows(x, name, writable=False):
         raise ValueError(f"{name} has {len(op.shape)} dimensions, shape {op.shape}: "
                          "must be 3-D [tokens, heads, head_dim]")
     if writable and not op.writable:
-        raise ValueError(f"{name} is read-only: it is rotated in place")
+        raise ValueError(f"{name} is read-only: it is written in place")
     op.user_shape = op.shape
     t, h, d = op.shape
     op.shape = (1, h, t, d)
@@ -579,3 +582,68 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, *, cu_seqlens_q=N
     if status != _simdattn.OK:
         raise _ERRORS.get(status, RuntimeError)(message)
     return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------- merge
+
+
+def _lse_operand(x, name, shape):
+    """An LSE [B, H, L] or [B, H, L, 1] (float32) as the 4-D [B, H, L, 1]."""
+    op = _describe(x, name, (_F32,))
+    if len(op.shape) == 3:
+        op.shape += (1,)
+        op.strides += (1,)
+    if op.shape != tuple(shape[:3]) + (1,):
+        raise ValueError(f"{name} has shape {tuple(x.shape)}: must be [B, H, L] or "
+                         f"[B, H, L, 1] = {list(shape[:3])} (outs[0] is {list(shape)})")
+    return op
+
+
+def merge_states(outs, lses, *, out=None, threads=None):
+    """Merges attention results over disjoint sets of keys into what one call
+    over all the keys gives (docs/SEMANTICS.md "Merging partial results").
+
+    outs: a list of parts [B, H, L, Dv] as attention() returns them with
+    layout="bhsd" (float32, float16, bfloat16 for torch; the dtypes may
+    differ); lses: their log-sum-exps, float32 [B, H, L] as
+    attention(return_lse=True) returns them (or [B, H, L, 1]). Returns
+    (out, lse): lse = log(sum_i exp(lses[i])) float32 [B, H, L], and
+    out = sum_i exp(lses[i] - lse) * outs[i], written into `out` when given
+    (it may be outs[0] itself), else a new array of outs[0]'s kind and
+    dtype. A part whose LSE is -inf (it saw no key) adds nothing; a row no
+    part saw gives zeros and -inf; a NaN LSE gives a NaN row, +inf out NaN
+    and lse +inf. threads: None for the library's pool, else a pool of that
+    many threads.
+
+    Raises ValueError for invalid arguments (the library's message names
+    them; nothing is written), TypeError for operands that are not arrays.
+    The GIL is released during the call.
+    """
+    if isinstance(outs, (str, bytes)) or not hasattr(outs, "__len__"):
+        raise ValueError(f"outs must be a list of arrays, got {type(outs).__name__}")
+    if isinstance(lses, (str, bytes)) or not hasattr(lses, "__len__"):
+        raise ValueError(f"lses must be a list of arrays, got {type(lses).__name__}")
+    if len(outs) == 0:
+        raise ValueError("outs is empty: merge_states needs at least one part")
+    if len(lses) != len(outs):
+        raise ValueError(f"len(lses) = {len(lses)} but len(outs) = {len(outs)}: "
+                         "one LSE per part")
+    if threads is not None and (not isinstance(threads, int) or not 1 <= threads <= 1024):
+        raise ValueError(f"threads = {threads!r}: must be None or an int in 1..1024")
+    parts = [_four_d(_describe(o, f"outs[{i}]"), f"outs[{i}]", "bhsd")
+             for i, o in enumerate(outs)]
+    shape = parts[0].shape
+    lse_ops = [_lse_operand(x, f"lses[{i}]", shape) for i, x in enumerate(lses)]
+    if out is None:
+        out = _new_like(parts[0], shape, parts[0].dtype)
+    o = _four_d(_describe(out, "out"), "out", "bhsd")
+    if not o.writable:
+        raise ValueError("out is read-only")
+    lse = _new_like(parts[0], shape[:3], _F32)
+    lse_op = _lse_operand(lse, "lse", shape)
+    status, message = _simdattn.merge_states(
+        [p.as_tuple() for p in parts], [x.as_tuple() for x in lse_ops],
+        o.as_tuple(), lse_op.as_tuple(), 0 if threads is None else threads)
+    if status != _simdattn.OK:
+        raise _ERRORS.get(status, RuntimeError)(message)
+    return out, lse
