@@ -27,10 +27,6 @@ std::string Name(const char* array, int64_t i) {
   return i < 0 ? std::string(array) : std::string(array) + "[" + std::to_string(i) + "]";
 }
 
-bool IsStorageType(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
-}
-
 const char* DTypeText(DType t) {
   return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 ||
                  t == DType::kBool
