@@ -2,7 +2,8 @@
 // attention call. Paged KV caches with ragged batches of sequences in one
 // call, writing new tokens into the pages (with rotary embedding), and the
 // exact merge of partial results. The contract is docs/SEMANTICS.md
-// ("Serving"); the plain call and its options are attention.h.
+// ("Paged attention", "Appending to a paged cache", "Merging partial
+// results"); the plain call and its options are attention.h.
 
 #ifndef SIMDATTN_SERVING_H_
 #define SIMDATTN_SERVING_H_
