@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -175,6 +176,37 @@ void Register(const std::string& name, std::function<void(benchmark::State&)> ru
 }
 
 std::string ThreadsField(int threads) { return "/threads:" + std::to_string(threads); }
+
+double Median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  const size_t n = x.size();
+  return n % 2 == 1 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+void TimePairs(benchmark::State& state, const std::function<bool()>& a,
+               const std::function<bool()>& b, const std::function<void()>& before_a) {
+  std::vector<double> ratios, times_a, times_b;
+  bool b_first = false;
+  for (auto _ : state) {
+    double seconds[2] = {0.0, 0.0};  // A, B
+    for (int k = 0; k < 2; ++k) {
+      const bool run_b = (k == 0) == b_first;
+      if (!run_b && before_a) before_a();
+      const auto t0 = std::chrono::steady_clock::now();
+      if (!(run_b ? b() : a())) return;
+      seconds[run_b ? 1 : 0] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    ratios.push_back(seconds[1] / seconds[0]);
+    times_a.push_back(seconds[0]);
+    times_b.push_back(seconds[1]);
+    b_first = !b_first;
+  }
+  if (ratios.empty()) return;
+  state.counters["ratio"] = Median(ratios);
+  state.counters["a_ms"] = 1e3 * Median(times_a);
+  state.counters["b_ms"] = 1e3 * Median(times_b);
+}
 
 }  // namespace bench
 }  // namespace simdattn

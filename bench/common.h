@@ -129,6 +129,18 @@ int HardwareThreads();
 void Register(const std::string& name, std::function<void(benchmark::State&)> run,
               double min_time = 0.0, int repetitions = 0);
 
+// The median of x (empty: undefined).
+double Median(std::vector<double> x);
+
+// Paired timing (paired/... entries): calls a and b alternate inside every
+// iteration (which goes first alternates too), each timed on its own; sets
+// the counters ratio (median of time(b) / time(a)), a_ms and b_ms (median
+// milliseconds). A call returns false after marking the entry as an error.
+// `before_a`, when given, runs untimed just before each call of A.
+void TimePairs(benchmark::State& state, const std::function<bool()>& a,
+               const std::function<bool()>& b,
+               const std::function<void()>& before_a = nullptr);
+
 // "/threads:<n>", the last field of most entry names.
 std::string ThreadsField(int threads);
 

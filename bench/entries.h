@@ -6,6 +6,7 @@
 //   attention/simdattn/f32/<shape>/<option>/...         prefill_entries.cc
 //   attention/{simdattn,onednn}/<decode>/...            decode_entries.cc
 //   paired/...                                          paired_entries.cc
+//   serving/{paged,dense,per_sequence}/...              serving_entries.cc
 //
 // --headline registers only the headline comparison: the rooflines, f32 and
 // bf16 prefill of the headline shape and decode of the headline cache, each
@@ -62,6 +63,7 @@ void RegisterPrefillEntries(const BenchConfig& config);
 void RegisterOptionEntries(const BenchConfig& config);
 void RegisterDecodeEntries(const BenchConfig& config);
 void RegisterPairedEntries(const BenchConfig& config);
+void RegisterServingEntries(const BenchConfig& config);
 
 // Checks simdattn and oneDNN against the double-precision reference on the
 // prefill shapes the run registers, printing one line each.

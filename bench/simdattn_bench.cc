@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
   sb::RegisterOptionEntries(flags.config);
   sb::RegisterDecodeEntries(flags.config);
   sb::RegisterPairedEntries(flags.config);
+  sb::RegisterServingEntries(flags.config);
 
   sb::SummaryReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);

@@ -329,8 +329,13 @@ Status PagedAttention(const TensorView& q, const PagedKvCache& cache,
       if (rows.end == rows.begin) continue;
       SequenceCall call;
       call.args = SequenceArgs(pp, q, cache, cu_seqlens_q, seq, o, options, lse);
-      if (call.args.kv_len > 0) call.plan = MakePlan(call.args, kernels.caps());
       calls.push_back(call);
+    }
+    // Each sequence's key chunks count the others' groups, which run in the
+    // same round.
+    const int64_t others = (static_cast<int64_t>(calls.size()) - 1) * pp.p.kv_heads;
+    for (SequenceCall& call : calls) {
+      if (call.args.kv_len > 0) call.plan = MakePlan(call.args, kernels.caps(), others);
     }
     int64_t tasks = 0;
     s = RunSequences(exec, kernels, calls, &tasks);

@@ -78,13 +78,14 @@ bool FusedDecode(const AttentionArgs& a, const TargetCaps& caps) {
 }
 
 // Key chunks of a call with few queries: kDecodeChunkKeys doubled while
-// the call keeps kDecodeMinTasks tasks, at most kMaxSplitChunks chunks.
-void SplitKeys(const AttentionArgs& a, Plan* plan) {
+// the round (this call's groups and other_groups) keeps kDecodeMinTasks
+// tasks, at most kMaxSplitChunks chunks.
+void SplitKeys(const AttentionArgs& a, int64_t other_groups, Plan* plan) {
   plan->num_chunks = 1;
   plan->chunk_keys = a.kv_len;
   if (a.q_len > kDecodeMaxQueries || a.kv_len <= kDecodeChunkKeys) return;
   // (groups <= the rows of Q, so the product does not overflow.)
-  const int64_t groups = plan->groups * plan->num_blocks;
+  const int64_t groups = plan->groups * plan->num_blocks + other_groups;
   int64_t chunk = kDecodeChunkKeys;
   while (chunk < kDecodeMaxChunkKeys) {
     const int64_t longer = (a.kv_len + 2 * chunk - 1) / (2 * chunk);
@@ -173,7 +174,7 @@ AttentionArgs MakeArgs(const Problem& p, const TensorView& q,
   return a;
 }
 
-Plan MakePlan(const AttentionArgs& a, const TargetCaps& caps) {
+Plan MakePlan(const AttentionArgs& a, const TargetCaps& caps, int64_t other_groups) {
   Plan plan;
   plan.groups = a.batch * a.kv_heads;
   // Blocks of kQueryBlockVectors vectors of queries; a group with at most
@@ -194,7 +195,7 @@ Plan MakePlan(const AttentionArgs& a, const TargetCaps& caps) {
   plan.path = !decode                ? KernelPath::kTiled
               : FusedDecode(a, caps) ? KernelPath::kDecodeFused
                                      : KernelPath::kDecode;
-  SplitKeys(a, &plan);
+  SplitKeys(a, other_groups, &plan);
   const double o_bytes = 4.0 * static_cast<double>(a.batch) *
                          static_cast<double>(a.q_heads) *
                          static_cast<double>(a.q_len) *

@@ -23,7 +23,11 @@ AttentionArgs MakeArgs(const Problem& p, const TensorView& q,
                        const MutableTensorView& lse);
 
 // The task split of a call on a target with capabilities `caps`.
-Plan MakePlan(const AttentionArgs& args, const TargetCaps& caps);
+// other_groups: (batch, KV head) groups of other calls whose tasks run in
+// the same round (the other sequences of a PagedAttention call), which
+// share the threads with this call's.
+Plan MakePlan(const AttentionArgs& args, const TargetCaps& caps,
+              int64_t other_groups = 0);
 
 // Validates a call as Attention() does and plans it for `caps`, without
 // running it (tests and tools use it to see how a call splits).

@@ -326,6 +326,26 @@ TEST(PagedTest, BitIdenticalForAnyThreadCount) {
   }
 }
 
+// Decode rows whose window starts off the grid of 4 keys, mid-page, on the
+// fused 16-bit loop's paths (no other option) and the tiles'.
+TEST(PagedTest, WindowStartsMidPage) {
+  for (DType kv : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (int64_t left : {5, 13, 70}) {
+      PagedCase c;
+      c.seqs = {{1, 203}, {1, 98}, {1, 1500}, {1, 11}};
+      c.q_heads = 8;
+      c.kv_heads = 2;
+      c.dk = c.dv = 64;
+      c.block_size = 8;
+      c.kv_dtype = kv;
+      c.one_query_each = true;
+      c.options.window_left = left;
+      SCOPED_TRACE(std::string(DTypeName(kv)) + " window " + std::to_string(left));
+      CheckPaged(c, 800 + static_cast<uint32_t>(left));
+    }
+  }
+}
+
 // Each bad argument: kInvalidArgument naming it, O and LSE untouched.
 TEST(PagedTest, BadInputWritesNothing) {
   PagedCase c;

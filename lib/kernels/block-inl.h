@@ -118,6 +118,7 @@ struct KvRows {
   int64_t k_page, v_page;  // bytes between pages
   const int32_t* table;    // null: dense
   int64_t block_size;
+  int block_shift;         // log2(block_size) when a power of two, else -1
 
   KvRows(const AttentionArgs& a, int64_t b, int64_t hkv)
       : type(a.kv_type),
@@ -131,20 +132,35 @@ struct KvRows {
         k_page(a.k_strides[0] * size),
         v_page(a.v_strides[0] * size),
         table(a.block_table),
-        block_size(a.block_size) {}
+        block_size(a.block_size),
+        block_shift(Log2IfPow2(a.block_size)) {}
+
+  static int Log2IfPow2(int64_t n) {
+    if (n <= 0 || (n & (n - 1)) != 0) return -1;
+    int s = 0;
+    while ((int64_t{1} << s) < n) ++s;
+    return s;
+  }
+  // Page index and row within it of key j.
+  HWY_INLINE int64_t Page(int64_t j) const {
+    return block_shift >= 0 ? j >> block_shift : j / block_size;
+  }
+  HWY_INLINE int64_t Row(int64_t j) const {
+    return block_shift >= 0 ? j & (block_size - 1) : j % block_size;
+  }
 
   const char* KRow(int64_t j) const {
     if (table == nullptr) return k + j * k_row;
-    return k + table[j / block_size] * k_page + (j % block_size) * k_row;
+    return k + table[Page(j)] * k_page + Row(j) * k_row;
   }
   const char* VRow(int64_t j) const {
     if (table == nullptr) return v + j * v_row;
-    return v + table[j / block_size] * v_page + (j % block_size) * v_row;
+    return v + table[Page(j)] * v_page + Row(j) * v_row;
   }
   // The end of the run of rows consecutive in memory that holds row j.
   int64_t RunEnd(int64_t j) const {
     if (table == nullptr) return std::numeric_limits<int64_t>::max();
-    return (j / block_size + 1) * block_size;
+    return (Page(j) + 1) * block_size;
   }
   // Calls f(row, first, n) for each run of consecutive rows of K
   // (values = false) or V within [first, first + n): row is the run's first
@@ -179,14 +195,16 @@ HWY_INLINE void WidenKvRows(D d, const KvRows& src, bool values, int64_t first,
 inline void PrefetchKvTile(const AttentionArgs& a, const KvRows& src,
                            int64_t first, int64_t n, int64_t end) {
   const int64_t last = std::min(first + n, end);
+  if (last <= first) return;
   const int64_t k_bytes = a.head_dim_qk * src.size;
   const int64_t v_bytes = a.head_dim_v * src.size;
-  for (int64_t j = first; j < last; ++j) {
-    const char* k = src.KRow(j);
+  src.ForEachRun(false, first, last - first, [&](const char* k, int64_t j, int64_t run) {
     const char* v = src.VRow(j);
-    for (int64_t byte = 0; byte < k_bytes; byte += 64) __builtin_prefetch(k + byte, 0, 2);
-    for (int64_t byte = 0; byte < v_bytes; byte += 64) __builtin_prefetch(v + byte, 0, 2);
-  }
+    for (int64_t r = 0; r < run; ++r, k += src.k_row, v += src.v_row) {
+      for (int64_t byte = 0; byte < k_bytes; byte += 64) __builtin_prefetch(k + byte, 0, 2);
+      for (int64_t byte = 0; byte < v_bytes; byte += 64) __builtin_prefetch(v + byte, 0, 2);
+    }
+  });
 }
 
 // One K/V tile as f32 rows: in place for f32 storage (so the tile lies in

@@ -194,6 +194,45 @@ HWY_INLINE void FusedValues(D d, const float* HWY_RESTRICT p,
   }
 }
 
+// Where DecodeFused finds its keys' rows: K(j) and V(j) for key j of the
+// call (a multiple of 4; the group's 4 rows follow at k_row and v_row).
+// Rows of consecutive keys one stride apart:
+template <class T>
+struct StridedRows {
+  const T* k;
+  const T* v;
+  int64_t k_row, v_row;
+  HWY_INLINE const T* K(int64_t j) const { return k + j * k_row; }
+  HWY_INLINE const T* V(int64_t j) const { return v + j * v_row; }
+};
+// Rows of a paged cache (KvRows), from key `first` on:
+template <class T>
+struct PagedRows {
+  const KvRows* src;
+  int64_t first;
+  int64_t k_row, v_row;
+  HWY_INLINE const T* K(int64_t j) const {
+    return reinterpret_cast<const T*>(src->KRow(first + j));
+  }
+  HWY_INLINE const T* V(int64_t j) const {
+    return reinterpret_cast<const T*>(src->VRow(first + j));
+  }
+};
+
+// Asks for the 4 K rows (dk elements each) and 4 V rows (dv) of a group
+// into L2.
+template <class T>
+HWY_INLINE void PrefetchFusedGroup(const T* k, int64_t k_row, int64_t dk, const T* v,
+                                   int64_t v_row, int64_t dv) {
+  const int64_t k_bytes = dk * int64_t{sizeof(T)}, v_bytes = dv * int64_t{sizeof(T)};
+  for (int r = 0; r < 4; ++r) {
+    const char* kr = reinterpret_cast<const char*>(k + r * k_row);
+    const char* vr = reinterpret_cast<const char*>(v + r * v_row);
+    for (int64_t b = 0; b < k_bytes; b += 64) __builtin_prefetch(kr + b, 0, 2);
+    for (int64_t b = 0; b < v_bytes; b += 64) __builtin_prefetch(vr + b, 0, 2);
+  }
+}
+
 // Decode without score or weight options, rows [0, kRows) (kRows <= 4) over
 // nk keys (a multiple of 4) of 16-bit K/V, Dk (at most kFusedMaxDk) and Dv
 // whole vectors; same contract for m, l and o as DecodeTile. Each group of 4
@@ -206,17 +245,20 @@ HWY_INLINE void FusedValues(D d, const float* HWY_RESTRICT p,
 // weights not yet in l stay in registers. While every score of a group is
 // at most its row's finite maximum, the weights are exp(s - m) and l and o
 // need no scaling (alpha would be exactly 1); otherwise FusedGroupMaxima
-// takes the exact step first. No software prefetch: the hardware
-// prefetchers follow the two streams.
-// Tuned on the Zen 5 (f16, Lk 16384, 1 thread): pipelined without prefetch
+// takes the exact step first. Rows stored one after another need no
+// software prefetch: the hardware prefetchers follow the two streams. Rows
+// further apart (a head of a [tokens, heads, D] cache, or of a page of one)
+// defeat them; there `ahead` > 0 asks for the rows of the group that many
+// keys ahead, within the nk keys.
+// Tuned on the Zen 5 (f16, Lk 16384, 1 thread, rows one after another): pipelined without prefetch
 // 17.0 GB/s, with the tile path's prefetches 8.3, not pipelined 10.8. Entry:
 // paired/qf32kvf16/B1_Hq32_Hkv8_Lq1_Lk16384_D128/none/read_vs_simdattn/threads:1
-template <int kRows, Storage kKv, class D>
+template <int kRows, Storage kKv, class D, class Rows>
 HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
-                            const KvElem<kKv>* HWY_RESTRICT k, int64_t k_row,
-                            const KvElem<kKv>* HWY_RESTRICT v, int64_t v_row,
-                            int64_t dv, int64_t nk, float* HWY_RESTRICT m,
-                            float* HWY_RESTRICT l, float* HWY_RESTRICT o) {
+                            const Rows& rows, int64_t dv, int64_t nk, int64_t ahead,
+                            float* HWY_RESTRICT m, float* HWY_RESTRICT l,
+                            float* HWY_RESTRICT o) {
+  const int64_t k_row = rows.k_row, v_row = rows.v_row;
   static_assert(kKv != Storage::kF32 && kRows >= 1 && kRows <= 4,
                 "16-bit K/V, 1-4 rows");
   // The group's 16 values [row][key] as kParts vectors of dc.
@@ -258,7 +300,7 @@ HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
   VC sc[kParts];  // this group's scores
   if (nk >= 4) {
     V4 s0, s1, s2, s3;
-    FusedScores<kRows, kKv>(d, qp, dk, k, k_row, s0, s1, s2, s3);
+    FusedScores<kRows, kKv>(d, qp, dk, rows.K(0), k_row, s0, s1, s2, s3);
     for (size_t i = 0; i < kParts; ++i) sc[i] = ScoresPart(dc, i, s0, s1, s2, s3);
   }
   for (int64_t j = 0; j + 4 <= nk; j += 4) {
@@ -282,38 +324,39 @@ HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
     VC sn[kParts];
     if (j + 8 <= nk) {
       V4 s0, s1, s2, s3;
-      FusedScores<kRows, kKv>(d, qp, dk, k + (j + 4) * k_row, k_row, s0, s1, s2, s3);
+      FusedScores<kRows, kKv>(d, qp, dk, rows.K(j + 4), k_row, s0, s1, s2, s3);
       for (size_t i = 0; i < kParts; ++i) sn[i] = ScoresPart(dc, i, s0, s1, s2, s3);
     } else {
       for (size_t i = 0; i < kParts; ++i) sn[i] = sc[i];
     }
+    if (ahead > 0 && j + ahead + 4 <= nk) {
+      PrefetchFusedGroup(rows.K(j + ahead), k_row, dk, rows.V(j + ahead), v_row, dv);
+    }
     ReloadFromMemory();  // the weights broadcast from p
-    FusedValues<kRows, kKv>(d, p, v + j * v_row, v_row, dv, o);
+    FusedValues<kRows, kKv>(d, p, rows.V(j), v_row, dv, o);
     for (size_t i = 0; i < kParts; ++i) sc[i] = sn[i];
   }
   fold_sums();
 }
 
-// DecodeFused for `rows` (1-4) rows.
-template <Storage kKv, class D>
-HWY_NOINLINE void DecodeFusedRows(D d, int64_t rows, const float* HWY_RESTRICT q,
-                                  int64_t dk, const KvElem<kKv>* HWY_RESTRICT k,
-                                  int64_t k_row, const KvElem<kKv>* HWY_RESTRICT v,
-                                  int64_t v_row, int64_t dv, int64_t nk,
-                                  float* HWY_RESTRICT m, float* HWY_RESTRICT l,
-                                  float* HWY_RESTRICT o) {
-  switch (rows) {
+// DecodeFused for `num_rows` (1-4) rows.
+template <Storage kKv, class D, class Rows>
+HWY_NOINLINE void DecodeFusedRows(D d, int64_t num_rows, const float* HWY_RESTRICT q,
+                                  int64_t dk, const Rows& rows, int64_t dv, int64_t nk,
+                                  int64_t ahead, float* HWY_RESTRICT m,
+                                  float* HWY_RESTRICT l, float* HWY_RESTRICT o) {
+  switch (num_rows) {
     case 4:
-      DecodeFused<4, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, m, l, o);
+      DecodeFused<4, kKv>(d, q, dk, rows, dv, nk, ahead, m, l, o);
       break;
     case 3:
-      DecodeFused<3, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, m, l, o);
+      DecodeFused<3, kKv>(d, q, dk, rows, dv, nk, ahead, m, l, o);
       break;
     case 2:
-      DecodeFused<2, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, m, l, o);
+      DecodeFused<2, kKv>(d, q, dk, rows, dv, nk, ahead, m, l, o);
       break;
     default:
-      DecodeFused<1, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, m, l, o);
+      DecodeFused<1, kKv>(d, q, dk, rows, dv, nk, ahead, m, l, o);
       break;
   }
 }

@@ -33,6 +33,29 @@ namespace hn = hwy::HWY_NAMESPACE;
 // 16-bit K/V gained less or lost, so they keep tiles of consecutive keys.
 constexpr int64_t kDecodeRuns = 4;
 
+// Paged K/V: a page holds block_size rows of each head, pages lie anywhere,
+// so the hardware prefetchers lose the streams at every page. Each tile or
+// run of keys asks for the rows this many keys ahead of it (into L2).
+constexpr int64_t kPagedAheadKeys = 32;
+
+// The rows [first + kPagedAheadKeys, ... + n) of paged K/V that exist.
+HWY_INLINE void PrefetchPagedAhead(const AttentionArgs& a, const KvRows& src,
+                                   int64_t first, int64_t n) {
+  if (src.table == nullptr) return;
+  PrefetchKvTile(a, src, first + kPagedAheadKeys, n, a.kv_len);
+}
+
+// Keys ahead that the fused loop prefetches (DecodeFused's `ahead`): none
+// where each K and V row follows the previous one in memory, where the
+// hardware prefetchers keep up; kPagedAheadKeys where rows lie further
+// apart (the heads of a [tokens, heads, D] layout share each token's
+// bytes) or in pages.
+HWY_INLINE int64_t FusedAheadKeys(const AttentionArgs& a, const KvRows& src) {
+  const bool apart = src.k_row != a.head_dim_qk * src.size ||
+                     src.v_row != a.head_dim_v * src.size;
+  return apart || src.table != nullptr ? kPagedAheadKeys : 0;
+}
+
 // Score and weight options on the decode path (decode-inl.h's Mods): the
 // same rules and order as the tiled kernel (softcap, ALiBi, mask; dropout on
 // the weights), applied per row with the keys along the lanes.
@@ -154,20 +177,30 @@ HWY_INLINE int64_t DecodeLeadingKeys(const AttentionArgs& a, const Plan& plan,
   const int64_t ks = a.k_strides[2], vs = a.v_strides[2];
 #if SIMDATTN_HAVE_DECODE_FUSED
   if (plan.path == KernelPath::kDecodeFused) {
-    // Run by run of consecutive rows: a run ends on a multiple of 8 keys
-    // (the page size) or at kv_start + n4, so each takes whole groups of 4.
+    // Paged K/V: the rows of each group of 4 keys lie in one page (pages
+    // hold multiples of 8 keys, chunks start on multiples of 64).
     const int64_t n4 = (kv_end - kv_start) / 4 * 4;
-    src.ForEachRun(false, kv_start, n4, [&](const char* k, int64_t j, int64_t n) {
-      const uint16_t* k16 = reinterpret_cast<const uint16_t*>(k);
-      const uint16_t* v16 = reinterpret_cast<const uint16_t*>(src.VRow(j));
+    const int64_t ahead = FusedAheadKeys(a, src);
+    if (src.table != nullptr) {
+      // A window may start the keys off the grid of 4: the tiles take them.
+      if (kv_start % 4 != 0) return kv_start;
+      PrefetchKvTile(a, src, kv_start, ahead, kv_end);
       if (src.type == Storage::kF16) {
-        DecodeFusedRows<Storage::kF16>(d, r.rows, r.q, dk, k16, ks, v16, vs, dv, n,
-                                       r.m, r.l, r.o);
+        DecodeFusedRows<Storage::kF16>(d, r.rows, r.q, dk, PagedRows<uint16_t>{&src, kv_start, ks, vs},
+                                       dv, n4, ahead, r.m, r.l, r.o);
       } else {
-        DecodeFusedRows<Storage::kBF16>(d, r.rows, r.q, dk, k16, ks, v16, vs, dv, n,
-                                        r.m, r.l, r.o);
+        DecodeFusedRows<Storage::kBF16>(d, r.rows, r.q, dk, PagedRows<uint16_t>{&src, kv_start, ks, vs},
+                                        dv, n4, ahead, r.m, r.l, r.o);
       }
-    });
+      return kv_start + n4;
+    }
+    const StridedRows<uint16_t> rows{reinterpret_cast<const uint16_t*>(src.KRow(kv_start)),
+                                     reinterpret_cast<const uint16_t*>(src.VRow(kv_start)), ks, vs};
+    if (src.type == Storage::kF16) {
+      DecodeFusedRows<Storage::kF16>(d, r.rows, r.q, dk, rows, dv, n4, ahead, r.m, r.l, r.o);
+    } else {
+      DecodeFusedRows<Storage::kBF16>(d, r.rows, r.q, dk, rows, dv, n4, ahead, r.m, r.l, r.o);
+    }
     return kv_start + n4;
   }
 #else
@@ -206,6 +239,7 @@ HWY_INLINE void DecodeTiles(const AttentionArgs& a, const Plan& plan,
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += nk) {
     // A tile lies in one run of consecutive rows (paged K/V: one page).
     nk = std::min({kKeyTile, kv_end - kv_begin, src.RunEnd(kv_begin) - kv_begin});
+    PrefetchPagedAhead(a, src, kv_begin, nk);
     if constexpr (Mods::kActive) {
       mods->kv_begin = kv_begin;
       if (mask != nullptr) {
