@@ -174,7 +174,8 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     s = ChooseTarget(exec.max_target, &target);
     if (!s.ok()) return s;
     const TargetKernels& kernels = *target->kernels;
-    const AttentionArgs args = MakeArgs(p, q, k, v, o, options, lse);
+    AttentionArgs args = MakeArgs(p, q, k, v, o, options, lse);
+    args.bf16_compute = exec.allow_bf16_compute;
     const Plan plan = MakePlan(args, kernels.caps());
     s = RunPlan(exec, kernels, args, plan, options.kv_lengths_i32);
     if (!s.ok()) return s;
@@ -209,7 +210,8 @@ Status WorkspaceSize(const TensorView& q, const TensorView& k,
     // O does not change the buffers: an f32 view stands in for it.
     const MutableTensorView o = MakeBHSD(static_cast<void*>(nullptr), DType::kF32,
                                          p.batch, p.q_heads, p.q_len, p.head_dim_v);
-    const AttentionArgs args = MakeArgs(p, q, k, v, o, options, {});
+    AttentionArgs args = MakeArgs(p, q, k, v, o, options, {});
+    args.bf16_compute = exec.allow_bf16_compute;
     const TargetKernels& kernels = *target->kernels;
     *bytes = WorkspaceBytes(exec, kernels, args, MakePlan(args, kernels.caps()),
                             options.kv_lengths_i32 != nullptr);

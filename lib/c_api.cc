@@ -183,6 +183,7 @@ Status ConvertExec(const simdattn_exec* c, ExecutionOptions* out) {
   out->workspace = c->workspace;
   out->workspace_bytes = c->workspace_bytes;
   out->max_target = c->max_target;
+  out->allow_bf16_compute = c->allow_bf16_compute != 0;
   return Status::Ok();
 }
 

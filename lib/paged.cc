@@ -329,6 +329,7 @@ Status PagedAttention(const TensorView& q, const PagedKvCache& cache,
       if (rows.end == rows.begin) continue;
       SequenceCall call;
       call.args = SequenceArgs(pp, q, cache, cu_seqlens_q, seq, o, options, lse);
+      call.args.bf16_compute = exec.allow_bf16_compute;
       calls.push_back(call);
     }
     // Each sequence's key chunks count the others' groups, which run in the

@@ -97,8 +97,10 @@ void SplitKeys(const AttentionArgs& a, int64_t other_groups, Plan* plan) {
   plan->num_chunks = (a.kv_len + plan->chunk_keys - 1) / plan->chunk_keys;
 }
 
-bool AllBf16(const AttentionArgs& a) {
-  return a.q_type == Storage::kBF16 && a.kv_type == Storage::kBF16;
+// Whether the AMX tiles take the call's inputs: bf16 Q, K and V, or any
+// storage the caller lets round to bf16.
+bool AmxInputs(const AttentionArgs& a) {
+  return a.bf16_compute || (a.q_type == Storage::kBF16 && a.kv_type == Storage::kBF16);
 }
 
 bool PackKv(const AttentionArgs& a, const Plan& plan, bool amx) {
@@ -202,7 +204,7 @@ Plan MakePlan(const AttentionArgs& a, const TargetCaps& caps, int64_t other_grou
                          static_cast<double>(a.head_dim_v);
   plan.stream_output = a.o_type == Storage::kF32 &&
                        o_bytes >= static_cast<double>(kStreamOutputBytes);
-  const bool amx = caps.amx && AllBf16(a);
+  const bool amx = caps.amx && AmxInputs(a);
   plan.packed_group_floats = amx ? AmxPackedGroupFloats(a) : PackedGroupFloats(a);
   plan.pack_kv = PackKv(a, plan, amx);
   return plan;

@@ -80,7 +80,7 @@ struct Options {
 py::tuple Attention(const Operand& q, const Operand& k, const Operand& v,
                     const Operand& o, py::object lse, py::object mask,
                     const Options& options, int32_t threads,
-                    const std::string& target) {
+                    const std::string& target, bool allow_bf16_compute) {
   simdattn_options opt = options.c;
   const simdattn_tensor tq = ToTensor(q), tk = ToTensor(k), tv = ToTensor(v),
                         to = ToTensor(o);
@@ -91,6 +91,7 @@ py::tuple Attention(const Operand& q, const Operand& k, const Operand& v,
   simdattn_exec exec;
   simdattn_exec_init(&exec);
   exec.max_target = target.empty() ? nullptr : target.c_str();
+  exec.allow_bf16_compute = allow_bf16_compute;
   if (threads > 0) {
     exec.pool = PoolOf(threads);
     if (exec.pool == nullptr) {

@@ -13,7 +13,9 @@
 
 #include "gtest/gtest.h"
 #include "lib/kernels/amx_tiles.h"
+#include "lib/reference.h"
 #include "simdattn/attention.h"
+#include "tests/attention_harness.h"
 #include "tests/test_util.h"
 
 namespace simdattn {
@@ -177,6 +179,50 @@ TEST(AmxTest, EmulatorMatchesTheTiles) {
 #else
   GTEST_SKIP() << "AMX is x86-64 only";
 #endif
+}
+
+// ExecutionOptions::allow_bf16_compute: f32 and f16 inputs run on the tiles
+// of AVX3_AMX, rounded to bf16 (within the bf16 bound, and not the f32
+// result), and every other target ignores it (the same bits as without).
+TEST(AmxTest, AllowBf16ComputeRoundsOnlyOnTheTiles) {
+  const DType types[][2] = {{DType::kF32, DType::kF32}, {DType::kF16, DType::kF16},
+                            {DType::kF32, DType::kBF16}, {DType::kBF16, DType::kF16}};
+  uint32_t seed = 900;
+  for (const auto& t : types) {
+    for (bool causal : {false, true}) {
+      Case c;
+      c.batch = 1, c.q_heads = 4, c.kv_heads = 2, c.q_len = 130, c.kv_len = 300;
+      c.dk = 72, c.dv = 40;
+      c.q_dtype = t[0];
+      c.kv_dtype = t[1];
+      c.options.causal = causal;
+      c.options.alignment = Alignment::kBottomRight;
+      SCOPED_TRACE(std::string(DTypeName(t[0])) + "/" + DTypeName(t[1]) +
+                   (causal ? " causal" : ""));
+      const Inputs in = MakeInputs(c, seed++);
+      std::vector<double> o_ref, lse_ref;
+      ASSERT_TRUE(ReferenceAttention(in.q.View(), in.k.View(), in.v.View(), c.options,
+                                     &o_ref, &lse_ref).ok());
+      const double max_v = std::max(1.0, MaxAbs(in.v));
+      ExecutionOptions bf16;
+      bf16.allow_bf16_compute = true;
+      for (const std::string& target : TestTargets()) {
+        SCOPED_TRACE(target);
+        const Outputs exact = RunFast(c, in, target);
+        const Outputs rounded = RunFast(c, in, target, bf16);
+        ASSERT_TRUE(exact.status.ok() && rounded.status.ok());
+        EXPECT_LE(MaxError(rounded.o, o_ref, max_v), OutputBound(DType::kBF16));
+        for (size_t r = 0; r < lse_ref.size(); ++r) {
+          ASSERT_NEAR(rounded.lse[r], lse_ref[r], kLseBound16) << "row " << r;
+        }
+        if (target == "AVX3_AMX") {
+          EXPECT_NE(rounded.o.bytes, exact.o.bytes) << "the products were not rounded";
+        } else {
+          EXPECT_EQ(rounded.o.bytes, exact.o.bytes);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

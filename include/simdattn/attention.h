@@ -218,6 +218,13 @@ struct ExecutionOptions {
   // Caps the code path of this call only, as SetMaxTarget does for all
   // (a target name, case-insensitive); null or "": the process-wide cap.
   const char* max_target = nullptr;
+  // Lets f32 and f16 Q, K and V be rounded to bf16 for the two products
+  // where a target has bf16 matrix units (AVX3_AMX's tiles), as oneDNN's
+  // fpmath mode and PyTorch's matmul precision do; the softmax and the
+  // accumulation stay f32. The output is then held to the bf16 bound of
+  // SEMANTICS.md ("Precision"). Off: those inputs are never rounded below
+  // their storage type. Other targets ignore it.
+  bool allow_bf16_compute = false;
 };
 
 // Filled by Attention() on success.

@@ -163,6 +163,10 @@ typedef struct simdattn_exec {
   /* Caps this call's code path (a name from simdattn_get_info), like
    * simdattn_set_max_target for all calls; NULL or "": no per-call cap. */
   const char* max_target;
+  /* Non-zero: f32 and f16 Q, K and V may be rounded to bf16 for the
+   * products on targets with bf16 matrix units (AVX3_AMX), held to the
+   * bf16 bound of SEMANTICS.md. 0 (default): never rounded. */
+  int32_t allow_bf16_compute;
 } simdattn_exec;
 
 SIMDATTN_C_API void simdattn_exec_init(simdattn_exec* exec);

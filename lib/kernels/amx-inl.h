@@ -11,6 +11,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -78,6 +79,87 @@ inline void Transpose16Rows(const uint32_t* const* rows, int64_t cols,
   }
 }
 
+// x as bf16 (round to nearest even, NaN kept quiet) in the low 16 bits.
+template <class D, class V = hn::VFromD<D>>
+HWY_INLINE hn::VFromD<hn::RebindToUnsigned<D>> RoundToBf16(D d, V x) {
+  const hn::RebindToUnsigned<D> du;
+  const auto u = hn::BitCast(du, x);
+  const auto odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+  const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7FFFu), odd)));
+  const auto quiet = hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x40u));
+  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), quiet, rounded);
+}
+
+// n values of a row stored as `type`, as bf16 (round to nearest even) in
+// dst: copied when bf16, widened first when f16 (n <= kAmxMaxRow).
+constexpr int64_t kAmxMaxRow = 1024;
+inline void RowToBf16(Storage type, const void* row, int64_t n,
+                      uint16_t* HWY_RESTRICT dst) {
+  if (type == Storage::kBF16) {
+    std::memcpy(dst, row, static_cast<size_t>(n) * 2);
+    return;
+  }
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const hn::Rebind<uint16_t, decltype(d)> d16;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  HWY_ALIGN float wide[kAmxMaxRow];
+  const float* f = static_cast<const float*>(row);
+  if (type == Storage::kF16) {
+    WidenRow(d, static_cast<const uint16_t*>(row), type, n, wide);
+    f = wide;
+  }
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto bits = hn::BitCast(di, RoundToBf16(d, hn::LoadU(d, f + i)));
+    hn::StoreU(hn::DemoteTo(d16, bits), d16, dst + i);
+  }
+  for (; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, f + i, 4);
+    dst[i] = std::isnan(f[i]) ? static_cast<uint16_t>((u >> 16) | 0x40)
+                              : static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+  }
+}
+
+// Whether rows [first, first + nk) of V stay finite once rounded to bf16:
+// bf16 and f16 values when finite, f32 ones below the first that rounds to
+// infinity (0x7F7F8000).
+inline bool ValuesFiniteAsBf16(const AttentionArgs& a, const KvRows& src,
+                               int64_t first, int64_t nk) {
+  if (src.type == Storage::kBF16) return Bf16ValuesFinite(a, src, first, nk);
+  const int64_t dv = a.head_dim_v;
+  for (int64_t j = first; j < first + nk; ++j) {
+    const char* row = src.VRow(j);
+    for (int64_t e = 0; e < dv; ++e) {
+      if (src.type == Storage::kF16) {
+        uint16_t h;
+        std::memcpy(&h, row + 2 * e, 2);
+        if ((h & 0x7C00) == 0x7C00) return false;
+      } else {
+        uint32_t u;
+        std::memcpy(&u, row + 4 * e, 4);
+        if ((u & 0x7FFFFFFFu) >= 0x7F7F8000u) return false;
+      }
+    }
+  }
+  return true;
+}
+
+// Rows [first, first + n) of V as f32 rows of dv floats in dst.
+template <class D>
+HWY_INLINE void ValueRowsF32(D d, const AttentionArgs& a, const KvRows& src,
+                             int64_t first, int64_t n, float* HWY_RESTRICT dst) {
+  const int64_t dv = a.head_dim_v;
+  if (src.type != Storage::kF32) {
+    WidenKvRows(d, src, true, first, n, dv, dst);
+    return;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    std::memcpy(dst + j * dv, src.VRow(first + j), static_cast<size_t>(dv) * 4);
+  }
+}
+
 // Packs group `group` in AmxPackedKv's layout into dst. Vᵀ goes 32 keys at
 // a time: pairs of keys along the value dims (PairValueRows, into scratch:
 // 16 x Dv u32), then transposed, so that a row of Vᵀ holds consecutive keys.
@@ -92,14 +174,18 @@ inline void PackKvAmx(const AttentionArgs& a, int64_t group,
   const KvRows src(a, b, hkv);
   const int64_t dk = a.head_dim_qk, dv = a.head_dim_v;
   std::memset(k, 0, static_cast<size_t>((p.keys * p.dk32 + p.dv32 * p.keys) * 2));
-  for (int64_t j = 0; j < n; ++j) {
-    std::memcpy(k + j * p.dk32, src.KRow(j), static_cast<size_t>(dk) * 2);
-  }
+  for (int64_t j = 0; j < n; ++j) RowToBf16(src.type, src.KRow(j), dk, k + j * p.dk32);
   uint32_t* pairs = reinterpret_cast<uint32_t*>(scratch);
+  uint16_t* rows16 = reinterpret_cast<uint16_t*>(pairs + 16 * dv);  // 32 x Dv
   const uint32_t* rows[16];
   for (int64_t j0 = 0; j0 < n; j0 += 32) {
     const int64_t nk = std::min<int64_t>(32, n - j0);
-    PairValueRuns(src, j0, nk, dv, pairs);
+    if (src.type == Storage::kBF16) {
+      PairValueRuns(src, j0, nk, dv, pairs);
+    } else {  // rounded to bf16 first (ExecutionOptions::allow_bf16_compute)
+      for (int64_t r = 0; r < nk; ++r) RowToBf16(src.type, src.VRow(j0 + r), dv, rows16 + r * dv);
+      PairValueRows(rows16, dv, nk, dv, pairs);
+    }
     const int64_t np = (nk + 1) / 2;
     std::fill(pairs + np * dv, pairs + 16 * dv, 0u);
     for (int r = 0; r < 16; ++r) rows[r] = pairs + r * dv;
@@ -195,17 +281,6 @@ SIMDATTN_AMX_TARGET HWY_NOINLINE inline void AmxValuesHw(
   AmxValuesImpl<amx::HardwareTiles>(p, k0, key_blocks, pairs, mq, acc);
 }
 
-// x as bf16 (round to nearest even, NaN kept quiet) in the low 16 bits.
-template <class D, class V = hn::VFromD<D>>
-HWY_INLINE hn::VFromD<hn::RebindToUnsigned<D>> RoundToBf16(D d, V x) {
-  const hn::RebindToUnsigned<D> du;
-  const auto u = hn::BitCast(du, x);
-  const auto odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
-  const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7FFFu), odd)));
-  const auto quiet = hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x40u));
-  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), quiet, rounded);
-}
-
 // Weights P (rows j < nk of the transposed tile st) as bf16 pairs of keys,
 // in place: pair row p (u32 [mq]) holds keys 2p (low half) and 2p + 1; rows
 // up to `pair_rows` past the tile's keys are zeros.
@@ -250,12 +325,20 @@ struct AmxProducts {
     const int64_t dk = a.head_dim_qk, whole = dk / 32 * 16;
     std::fill(qt2(), qt2() + packed.dk32 / 2 * s.mq, 0u);
     const uint32_t* rows[16];
+    // Q stored in another type is rounded to bf16 rows in ktile first.
+    uint16_t* q16 = reinterpret_cast<uint16_t*>(s.ktile);
+    const int64_t q_size = a.q_type == Storage::kF32 ? 4 : 2;
     for (int64_t r0 = 0; r0 < s.mq; r0 += 16) {
       for (int t = 0; t < 16; ++t) {
         const int64_t r = r0 + t;
-        rows[t] = reinterpret_cast<const uint32_t*>(
-            static_cast<const uint16_t*>(a.q) + b * a.q_strides[0] +
-            rt.head[r] * a.q_strides[1] + rt.query[r] * a.q_strides[2]);
+        const char* q = static_cast<const char*>(a.q) +
+                        (b * a.q_strides[0] + rt.head[r] * a.q_strides[1] +
+                         rt.query[r] * a.q_strides[2]) * q_size;
+        if (a.q_type != Storage::kBF16) {
+          RowToBf16(a.q_type, q, dk, q16 + t * packed.dk32);
+          q = reinterpret_cast<const char*>(q16 + t * packed.dk32);
+        }
+        rows[t] = reinterpret_cast<const uint32_t*>(q);
       }
       Transpose16Rows(rows, whole, qt2() + r0, s.mq);
       for (int t = 0; t < 16; ++t) {
@@ -289,9 +372,9 @@ struct AmxProducts {
     // (+0.0 weights) would turn Inf/NaN of their V rows into NaN: such tiles
     // take the guarded f32 product instead.
     const int64_t read = std::min(blocks * 32, kv_valid - kv_begin);
-    if ((may_hide || read > nk) && !Bf16ValuesFinite(a, src, kv_begin, read)) {
+    if ((may_hide || read > nk) && !ValuesFiniteAsBf16(a, src, kv_begin, read)) {
       const int64_t dv = a.head_dim_v;
-      WidenKvRows(d, src, true, kv_begin, nk, dv, s.vtile);
+      ValueRowsF32(d, a, src, kv_begin, nk, s.vtile);
       TileGemmRows<true, true>(d, s.cols, dv, s.vtile, 1, dv, s.st, s.mq, nk,
                                scale, s.acc, s.mq);
       return;

@@ -52,6 +52,9 @@ struct AttentionArgs {
   // The dropout keep mask of batch entry b is that of entry dropout_batch + b
   // (PagedAttention: the sequence's index).
   int64_t dropout_batch = 0;
+  // Q, K and V of any storage type may be rounded to bf16 for the products
+  // (ExecutionOptions::allow_bf16_compute).
+  bool bf16_compute = false;
 };
 
 // The kernel a call's tasks run (RunInfo::path).

@@ -231,7 +231,8 @@ def _outputs(q, v, out, return_lse, layout):
 def attention(q, k, v, *, out=None, return_lse=False, layout="bhsd", scale=None,
               causal=False, alignment=None, mask=None, kv_lengths=None,
               window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
-              dropout_p=0.0, seed=0, threads=None, target=None):
+              dropout_p=0.0, seed=0, threads=None, target=None,
+              allow_bf16_compute=False):
     """O = softmax(scale * Q K^T + options) V, fused, on the CPU.
 
     q [B, Hq, Lq, Dk], k [B, Hkv, Lk, Dk], v [B, Hkv, Lk, Dv] in `layout`
@@ -255,6 +256,9 @@ def attention(q, k, v, *, out=None, return_lse=False, layout="bhsd", scale=None,
     counter-based dropout, the same for every thread count.
     threads: None for the library's pool of all cores, else a pool of that
     many threads. target: cap the code path (a name from info()).
+    allow_bf16_compute: let float32/float16 inputs be rounded to bfloat16
+    for the products where the CPU has bf16 matrix units (AMX); the result
+    is then held to the bf16 bound of SEMANTICS.md.
 
     Raises ValueError for invalid arguments (the library's message),
     NotImplementedError for valid calls no kernel covers yet, MemoryError,
@@ -283,7 +287,7 @@ def attention(q, k, v, *, out=None, return_lse=False, layout="bhsd", scale=None,
         qo.as_tuple(), ko.as_tuple(), vo.as_tuple(), oo.as_tuple(),
         None if lse_op is None else lse_op.as_tuple(),
         None if mo is None else mo.as_tuple(), options,
-        0 if threads is None else threads, target or "")
+        0 if threads is None else threads, target or "", bool(allow_bf16_compute))
     del slopes_mem, sink_mem, lengths_mem  # held until the call returned
     if status != _simdattn.OK:
         raise _ERRORS.get(status, RuntimeError)(message)
