@@ -40,9 +40,19 @@ void CopyStrides3(const int64_t* strides, int64_t* out) {
 }
 
 Storage StorageOf(DType t) {
-  return t == DType::kF32 ? Storage::kF32
-         : t == DType::kF16 ? Storage::kF16
-                            : Storage::kBF16;
+  switch (t) {
+    case DType::kF32: return Storage::kF32;
+    case DType::kF16: return Storage::kF16;
+    case DType::kInt8: return Storage::kI8;
+    case DType::kQ8_0: return Storage::kQ8_0;
+    case DType::kFp8E4M3: return Storage::kE4M3;
+    case DType::kFp8E5M2: return Storage::kE5M2;
+    default: return Storage::kBF16;
+  }
+}
+
+bool Quantized(const AttentionArgs& a) {
+  return !IsWideStorage(a.k_type) || !IsWideStorage(a.v_type);
 }
 
 MaskKind MaskKindOf(const Problem& p, DType t) {
@@ -106,6 +116,14 @@ bool PackKv(const AttentionArgs& a, const Plan& plan, bool amx) {
   // Paged K/V: the tiles read packed K/V only (a tile may span pages), the
   // decode path reads the pages in place.
   if (a.block_table != nullptr) return plan.path == KernelPath::kTiled;
+  // Quantized K/V are dequantized once per group into the packed f32
+  // layout (in place, every tile of every block would dequantize again);
+  // PackPolicy::kNever (tests) still reads them in place.
+  if (Quantized(a)) {
+    return plan.path == KernelPath::kTiled && policy != PackPolicy::kNever &&
+           group_bytes > 0 &&
+           group_bytes <= kPackedGroupMaxBytes;
+  }
   if (amx) {  // the tiles read packed K/V only; in place they are widened
     return plan.path == KernelPath::kTiled && policy != PackPolicy::kNever &&
            group_bytes <= kPackedGroupMaxBytes;
@@ -141,7 +159,15 @@ AttentionArgs MakeArgs(const Problem& p, const TensorView& q,
   a.head_dim_qk = p.head_dim_qk;
   a.head_dim_v = p.head_dim_v;
   a.q_type = StorageOf(q.dtype);
-  a.kv_type = StorageOf(k.dtype);
+  a.k_type = StorageOf(k.dtype);
+  a.v_type = StorageOf(v.dtype);
+  a.kv_type = a.k_type == a.v_type ? a.k_type : Storage::kMixed;
+  a.k_scales = static_cast<const float*>(options.k_scales.data);
+  a.v_scales = static_cast<const float*>(options.v_scales.data);
+  if (a.k_scales != nullptr) CopyStrides3(options.k_scales.strides, a.k_scale_strides);
+  if (a.v_scales != nullptr) CopyStrides3(options.v_scales.strides, a.v_scale_strides);
+  a.k_scale = options.k_scale;
+  a.v_scale = options.v_scale;
   a.o_type = StorageOf(o.dtype);
   a.q = q.data;
   CopyStrides3(q.strides, a.q_strides);

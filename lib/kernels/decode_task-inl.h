@@ -110,8 +110,9 @@ HWY_INLINE void DecodeKeyTile(const AttentionArgs& a, const KvRows& src,
   const int64_t dk = a.head_dim_qk, dv = a.head_dim_v;
   const int64_t ks = a.k_strides[2], vs = a.v_strides[2];
   // f32 and bf16 K/V (and f16 where the target converts it in hardware) are
-  // widened in registers as they are loaded; otherwise tile by tile.
-  if (src.type == Storage::kF16 && !kKvF16InRegisters) {
+  // widened in registers as they are loaded; otherwise (K and V of
+  // different types, quantized formats) widened or dequantized tile by tile.
+  if ((src.type == Storage::kF16 && !kKvF16InRegisters) || !IsWideStorage(src.type)) {
     PrefetchKvTile(a, src, kv_begin + kKeyTile, kKeyTile, kv_end);
     const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, r.ktile, r.vtile);
     DecodeTile<Storage::kF32>(d, r.rows, r.q, dk, t.k, t.k_row, t.v, t.v_row, dv, nk,
