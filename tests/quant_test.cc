@@ -151,6 +151,21 @@ TEST(QuantKvTest, EveryFormatDecodeAndPrefill) {
   }
 }
 
+// Decode without options on 8-bit K/V runs the fused loop with the values
+// widened in registers (every target that has it: not SCALAR, not SVE).
+TEST(QuantKvTest, FusedDecodeRuns) {
+  for (DType t : {DType::kInt8, DType::kFp8E4M3, DType::kFp8E5M2}) {
+    QuantCase c;
+    c.k_dtype = c.v_dtype = t;
+    const QuantInputs in = MakeQuantInputs(c, 7050);
+    for (const std::string& target : TestTargets()) {
+      const QuantOutputs out = RunQuant(c, in, target);
+      const bool fused = target != "SCALAR" && target.rfind("SVE", 0) != 0;
+      EXPECT_EQ(std::string(out.info.path) == "fused decode", fused) << target;
+    }
+  }
+}
+
 // Head dims that are not whole vectors (q8_0 needs D % 32 == 0: 96 and 32).
 TEST(QuantKvTest, OddHeadDims) {
   uint32_t seed = 7100;
@@ -238,10 +253,15 @@ TEST(QuantKvTest, ZeroScales) {
 }
 
 // Every finite fp8 code (e4m3: all but S.1111.111; e5m2: all but exponent
-// 31), subnormals and the saturated largest values included, as K and V.
+// 31), subnormals and the saturated largest values included, as K and V;
+// then only the positive codes below 16 (subnormals and the smallest
+// normals): next to the largest values, and with both signs, their errors
+// would hide or cancel.
 TEST(QuantKvTest, EveryFp8Code) {
   for (DType t : {DType::kFp8E4M3, DType::kFp8E5M2}) {
-    for (int q_len : {1, 20}) {
+    for (int q_len : {1, 20, -1}) {
+      const uint8_t mask = q_len < 0 ? 0x0F : 0xFF;
+      q_len = q_len < 0 ? 1 : q_len;
       QuantCase c;
       c.k_dtype = c.v_dtype = t;
       c.q_len = q_len;
@@ -254,7 +274,7 @@ TEST(QuantKvTest, EveryFp8Code) {
           for (int64_t j = 0; j < c.kv_len; ++j) {
             uint8_t* row = kv->Row(0, h, j);
             for (int64_t e = 0; e < kv->shape[3]; ++e) {
-              uint8_t code = static_cast<uint8_t>((j + e * 7 + h) & 0xFF);
+              uint8_t code = static_cast<uint8_t>((j + e * 7 + h) & mask);
               const bool bad = t == DType::kFp8E4M3 ? (code & 0x7F) == 0x7F
                                                     : (code & 0x7F) >= 0x7C;
               row[e] = bad ? static_cast<uint8_t>(code & 0x80) : code;

@@ -53,7 +53,10 @@ SIMDATTN_API MutableTensorView MakePagedHND(void* data, DType dtype,
 // Entries of block_table past a sequence's last page are never read.
 struct PagedKvCache {
   TensorView k;  // [num_blocks, Hkv, block_size, Dk]
-  TensorView v;  // [num_blocks, Hkv, block_size, Dv], K's dtype
+  TensorView v;  // [num_blocks, Hkv, block_size, Dv], any K/V dtype
+  // Quantized pages: int8's scales are AttentionOptions::k_scales and
+  // v_scales of shape [num_blocks, Hkv, block_size, 1] (a scale per slot),
+  // fp8's k_scale / v_scale; q8_0 pages have byte strides.
   const int32_t* block_table = nullptr;  // [num_seqs, max_blocks_per_seq]
   int64_t max_blocks_per_seq = 0;
   int64_t block_table_stride = 0;  // elements between rows; 0: max_blocks_per_seq

@@ -176,6 +176,18 @@ struct KvRows {
     if (table == nullptr) return s[j * row];
     return s[table[j / block_size] * page + (j % block_size) * row];
   }
+  // Row j's K (V) scale as a pointer and the floats to the next row's
+  // within its run (0 for fp8's tensor scale).
+  const float* KScaleAt(int64_t j) const { return ScaleAt(k_scales, ks_row, ks_page, &k_scale, j); }
+  const float* VScaleAt(int64_t j) const { return ScaleAt(v_scales, vs_row, vs_page, &v_scale, j); }
+  int64_t KScaleStride() const { return k_scales != nullptr ? ks_row : 0; }
+  int64_t VScaleStride() const { return v_scales != nullptr ? vs_row : 0; }
+  const float* ScaleAt(const float* s, int64_t row, int64_t page,
+                       const float* tensor, int64_t j) const {
+    if (s == nullptr) return tensor;
+    if (table == nullptr) return s + j * row;
+    return s + table[j / block_size] * page + (j % block_size) * row;
+  }
   // The end of the run of rows consecutive in memory that holds row j.
   int64_t RunEnd(int64_t j) const {
     if (table == nullptr) return std::numeric_limits<int64_t>::max();

@@ -18,6 +18,7 @@
 #include "hwy/highway.h"
 #include "lib/dtype.h"
 #include "lib/kernels/convert-inl.h"
+#include "lib/kernels/dequant-inl.h"
 #include "lib/kernels/types.h"
 
 // Whether this target has the fused decode loop (decode_fused-inl.h): every
@@ -38,9 +39,16 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // K/V elements as stored, widened to f32 in registers as they are loaded.
 // f16 is only used this way where the target converts it in hardware
-// (kKvF16InRegisters); elsewhere the caller widens f16 tiles first.
+// (kKvF16InRegisters); elsewhere the caller widens f16 tiles first. The
+// 8-bit formats (int8, fp8) load unscaled: their per-row or per-tensor
+// scale is applied to the scores and weights (decode_fused-inl.h).
 template <Storage kKv>
-using KvElem = std::conditional_t<kKv == Storage::kF32, float, uint16_t>;
+constexpr bool kKv8 = kKv == Storage::kI8 || kKv == Storage::kE4M3 ||
+                      kKv == Storage::kE5M2;
+
+template <Storage kKv>
+using KvElem = std::conditional_t<kKv == Storage::kF32, float,
+                                  std::conditional_t<kKv8<kKv>, uint8_t, uint16_t>>;
 
 constexpr bool kKvF16InRegisters = SIMDATTN_HW_F16 != 0;
 
@@ -56,6 +64,10 @@ HWY_INLINE hn::VFromD<D> LoadKv(D d, const KvElem<kKv>* HWY_RESTRICT p) {
     (void)p;
     return hn::Zero(d);  // not used: these targets widen f16 tiles first
 #endif
+  } else if constexpr (kKv == Storage::kI8) {
+    return LoadI8AsF32(d, reinterpret_cast<const int8_t*>(p));
+  } else if constexpr (kKv8<kKv>) {
+    return LoadFp8AsF32<kKv>(d, p);
   } else {
     const hn::Rebind<hwy::bfloat16_t, D> dbf;
     return hn::PromoteTo(d, hn::LoadU(dbf, reinterpret_cast<const hwy::bfloat16_t*>(p)));
@@ -68,6 +80,8 @@ HWY_INLINE float KvToF32(KvElem<kKv> x) {
     return x;
   } else if constexpr (kKv == Storage::kF16) {
     return F16ToF32(x);
+  } else if constexpr (kKv8<kKv>) {
+    return QuantValue(kKv, &x, 0);
   } else {
     return BF16ToF32(x);
   }

@@ -1,6 +1,6 @@
-// Fused decode for 16-bit K/V without options: each group of 4 keys gets its
-// scores, its online-softmax step and its P·V products, so that K and V are
-// read side by side as two sequential streams. f32 K/V keep the tile path
+// Fused decode for 16-bit and 8-bit (int8, fp8) K/V without options: each
+// group of 4 keys gets its scores, its online-softmax step and its P·V
+// products, so that K and V are read side by side as two sequential streams. f32 K/V keep the tile path
 // and its runs (decode-inl.h): fused, they read 7-14% slower.
 // Per-target code (include from a foreach_target translation unit).
 
@@ -211,14 +211,22 @@ HWY_INLINE void FusedValues(D d, const float* HWY_RESTRICT p,
 // Tuned on the Zen 5 (f16, Lk 16384, 1 thread): pipelined without prefetch
 // 17.0 GB/s, with the tile path's prefetches 8.3, not pipelined 10.8. Entry:
 // paired/qf32kvf16/B1_Hq32_Hkv8_Lq1_Lk16384_D128/none/read_vs_simdattn/threads:1
+// 8-bit K/V (int8, fp8; kKv8) load their values unscaled: key j's scale
+// ks[j * ks_row] multiplies its scores (s_j = ks_j (q · k_j)) and
+// vs[j * vs_row] its weights for P·V (not for l), so that each element
+// costs a conversion and no multiply (fp8's per-tensor scale: a row
+// stride of 0). 16-bit K/V take no scales (null).
 template <int kRows, Storage kKv, class D>
 HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
                             const KvElem<kKv>* HWY_RESTRICT k, int64_t k_row,
                             const KvElem<kKv>* HWY_RESTRICT v, int64_t v_row,
                             int64_t dv, int64_t nk, float* HWY_RESTRICT m,
-                            float* HWY_RESTRICT l, float* HWY_RESTRICT o) {
+                            float* HWY_RESTRICT l, float* HWY_RESTRICT o,
+                            const float* HWY_RESTRICT ks, int64_t ks_row,
+                            const float* HWY_RESTRICT vs, int64_t vs_row) {
   static_assert(kKv != Storage::kF32 && kRows >= 1 && kRows <= 4,
-                "16-bit K/V, 1-4 rows");
+                "16-bit or 8-bit K/V, 1-4 rows");
+  constexpr bool kScaled = kKv8<kKv>;
   // The group's 16 values [row][key] as kParts vectors of dc.
   const hn::CappedTag<float, 16> dc;
   using VC = hn::VFromD<decltype(dc)>;
@@ -253,14 +261,26 @@ HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
       l[r] += (buf[r * 4] + buf[r * 4 + 1]) + (buf[r * 4 + 2] + buf[r * 4 + 3]);
     }
   };
+  // The 4 scales of keys [j, j + 4) repeated for each row's 4 lanes.
+  HWY_ALIGN float scale4[4];
+  const auto scales_of = [&](const float* HWY_RESTRICT sp, int64_t row, int64_t j) {
+    for (int64_t c = 0; c < 4; ++c) scale4[c] = sp[(j + c) * row];
+    return hn::LoadDup128(dc, scale4);
+  };
+  // The scores of the group of keys [j, j + 4) into out.
+  const auto group_scores = [&](int64_t j, VC* out) {
+    V4 s0, s1, s2, s3;
+    FusedScores<kRows, kKv>(d, qp, dk, k + j * k_row, k_row, s0, s1, s2, s3);
+    for (size_t i = 0; i < kParts; ++i) out[i] = ScoresPart(dc, i, s0, s1, s2, s3);
+    if constexpr (kScaled) {
+      const VC vks = scales_of(ks, ks_row, j);
+      for (size_t i = 0; i < kParts; ++i) out[i] = hn::Mul(out[i], vks);
+    }
+  };
   load_maxima();
   for (size_t i = 0; i < kParts; ++i) vl[i] = hn::Zero(dc);
   VC sc[kParts];  // this group's scores
-  if (nk >= 4) {
-    V4 s0, s1, s2, s3;
-    FusedScores<kRows, kKv>(d, qp, dk, k, k_row, s0, s1, s2, s3);
-    for (size_t i = 0; i < kParts; ++i) sc[i] = ScoresPart(dc, i, s0, s1, s2, s3);
-  }
+  if (nk >= 4) group_scores(0, sc);
   for (int64_t j = 0; j + 4 <= nk; j += 4) {
     bool below = fast;
     for (size_t i = 0; i < kParts; ++i) below = below && hn::AllTrue(dc, hn::Le(sc[i], vm[i]));
@@ -272,18 +292,18 @@ HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
       fast = true;
       for (int64_t r = 0; r < kRows; ++r) fast = fast && std::isfinite(m[r]);
     }
+    VC vvs = hn::Zero(dc);  // V's scales (8-bit K/V)
+    if constexpr (kScaled) vvs = scales_of(vs, vs_row, j);
     for (size_t i = 0; i < kParts; ++i) {
       const VC w = ExpNonPositive(dc, hn::Sub(sc[i], vsub[i]));
-      hn::Store(w, dc, p + i * kLanes);
+      hn::Store(kScaled ? hn::Mul(w, vvs) : w, dc, p + i * kLanes);
       vl[i] = hn::Add(vl[i], w);
     }
     // The next group's scores before this group's products, so that their
     // reduction overlaps the products.
     VC sn[kParts];
     if (j + 8 <= nk) {
-      V4 s0, s1, s2, s3;
-      FusedScores<kRows, kKv>(d, qp, dk, k + (j + 4) * k_row, k_row, s0, s1, s2, s3);
-      for (size_t i = 0; i < kParts; ++i) sn[i] = ScoresPart(dc, i, s0, s1, s2, s3);
+      group_scores(j + 4, sn);
     } else {
       for (size_t i = 0; i < kParts; ++i) sn[i] = sc[i];
     }
@@ -301,19 +321,27 @@ HWY_NOINLINE void DecodeFusedRows(D d, int64_t rows, const float* HWY_RESTRICT q
                                   int64_t k_row, const KvElem<kKv>* HWY_RESTRICT v,
                                   int64_t v_row, int64_t dv, int64_t nk,
                                   float* HWY_RESTRICT m, float* HWY_RESTRICT l,
-                                  float* HWY_RESTRICT o) {
+                                  float* HWY_RESTRICT o,
+                                  const float* HWY_RESTRICT ks = nullptr,
+                                  int64_t ks_row = 0,
+                                  const float* HWY_RESTRICT vs = nullptr,
+                                  int64_t vs_row = 0) {
   switch (rows) {
     case 4:
-      DecodeFused<4, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, m, l, o);
+      DecodeFused<4, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, m, l, o, ks, ks_row, vs,
+                          vs_row);
       break;
     case 3:
-      DecodeFused<3, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, m, l, o);
+      DecodeFused<3, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, m, l, o, ks, ks_row, vs,
+                          vs_row);
       break;
     case 2:
-      DecodeFused<2, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, m, l, o);
+      DecodeFused<2, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, m, l, o, ks, ks_row, vs,
+                          vs_row);
       break;
     default:
-      DecodeFused<1, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, m, l, o);
+      DecodeFused<1, kKv>(d, q, dk, k, k_row, v, v_row, dv, nk, m, l, o, ks, ks_row, vs,
+                          vs_row);
       break;
   }
 }

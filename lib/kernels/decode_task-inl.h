@@ -140,6 +140,37 @@ HWY_INLINE void DecodeKeyTile(const AttentionArgs& a, const KvRows& src,
   }
 }
 
+// DecodeFused for the n rows of 8-bit K/V (int8, fp8 e4m3/e5m2; K and V of
+// one type) from key j, whose K row is k, with their scales.
+template <class D>
+HWY_INLINE void DecodeFused8(D d, const KvRows& src, const DecodeRows& r,
+                             int64_t dk, int64_t dv, const char* k, int64_t j,
+                             int64_t n) {
+#if SIMDATTN_HAVE_DECODE_FUSED
+  const uint8_t* k8 = reinterpret_cast<const uint8_t*>(k);
+  const uint8_t* v8 = reinterpret_cast<const uint8_t*>(src.VRow(j));
+  const float* ks = src.KScaleAt(j);
+  const float* vs = src.VScaleAt(j);
+  const int64_t ksr = src.KScaleStride(), vsr = src.VScaleStride();
+  switch (src.type) {
+    case Storage::kI8:
+      DecodeFusedRows<Storage::kI8>(d, r.rows, r.q, dk, k8, src.k_row, v8, src.v_row, dv,
+                                    n, r.m, r.l, r.o, ks, ksr, vs, vsr);
+      break;
+    case Storage::kE4M3:
+      DecodeFusedRows<Storage::kE4M3>(d, r.rows, r.q, dk, k8, src.k_row, v8, src.v_row,
+                                      dv, n, r.m, r.l, r.o, ks, ksr, vs, vsr);
+      break;
+    default:
+      DecodeFusedRows<Storage::kE5M2>(d, r.rows, r.q, dk, k8, src.k_row, v8, src.v_row,
+                                      dv, n, r.m, r.l, r.o, ks, ksr, vs, vsr);
+      break;
+  }
+#else
+  (void)d, (void)src, (void)r, (void)dk, (void)dv, (void)k, (void)j, (void)n;
+#endif
+}
+
 // The keys of [kv_start, kv_end) that a task without options and without
 // per-row cuts runs ahead of its tiles: the fused groups of 4 keys
 // (KernelPath::kDecodeFused), or for f32 K/V whole tiles whose keys come
@@ -164,9 +195,11 @@ HWY_INLINE int64_t DecodeLeadingKeys(const AttentionArgs& a, const Plan& plan,
       if (src.type == Storage::kF16) {
         DecodeFusedRows<Storage::kF16>(d, r.rows, r.q, dk, k16, ks, v16, vs, dv, n,
                                        r.m, r.l, r.o);
-      } else {
+      } else if (src.type == Storage::kBF16) {
         DecodeFusedRows<Storage::kBF16>(d, r.rows, r.q, dk, k16, ks, v16, vs, dv, n,
                                         r.m, r.l, r.o);
+      } else {
+        DecodeFused8(d, src, r, dk, dv, k, j, n);
       }
     });
     return kv_start + n4;
