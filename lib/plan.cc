@@ -76,15 +76,15 @@ bool HasOptions(const AttentionArgs& a) {
 
 // The decode path's fused loop (decode_fused-inl.h, DecodeFused) takes a
 // group of up to 4 rows of one query each (or rows whose key ranges agree)
-// without options, K/V widened in registers (16-bit, or int8/fp8 with K and
-// V of one type) and head dims of whole vectors.
+// without options, K/V widened in registers (16-bit, or int8/fp8/q8_0 with
+// K and V of one type) and head dims of whole vectors.
 bool FusedDecode(const AttentionArgs& a, const TargetCaps& caps) {
   const bool row_cuts = a.q_len > 1 && (a.causal || a.window_right >= 0 ||
                                         a.window_left >= 0);
   const bool in_registers = a.kv_type == Storage::kBF16 ||
                             (a.kv_type == Storage::kF16 && caps.f16_in_registers) ||
                             a.kv_type == Storage::kI8 || a.kv_type == Storage::kE4M3 ||
-                            a.kv_type == Storage::kE5M2;
+                            a.kv_type == Storage::kE5M2 || a.kv_type == Storage::kQ8_0;
   return caps.fused_decode && in_registers && !HasOptions(a) && !row_cuts &&
          a.group * a.q_len <= 4 && a.head_dim_qk % caps.lanes == 0 &&
          a.head_dim_v % caps.lanes == 0 && a.head_dim_qk <= caps.fused_max_dk;

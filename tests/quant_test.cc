@@ -151,10 +151,10 @@ TEST(QuantKvTest, EveryFormatDecodeAndPrefill) {
   }
 }
 
-// Decode without options on 8-bit K/V runs the fused loop with the values
+// Decode without options on int8/q8_0/fp8 K/V runs the fused loop with the values
 // widened in registers (every target that has it: not SCALAR, not SVE).
 TEST(QuantKvTest, FusedDecodeRuns) {
-  for (DType t : {DType::kInt8, DType::kFp8E4M3, DType::kFp8E5M2}) {
+  for (DType t : kQuantTypes) {
     QuantCase c;
     c.k_dtype = c.v_dtype = t;
     const QuantInputs in = MakeQuantInputs(c, 7050);

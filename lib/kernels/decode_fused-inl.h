@@ -180,8 +180,8 @@ HWY_INLINE void FusedValues(D d, const float* HWY_RESTRICT p,
   BroadcastWeights(d, p + 12, w30, w31, w32, w33);
 #pragma GCC unroll 16
   for (int64_t e = 0; e < dv; e += N) {
-    auto x0 = LoadKv<kKv>(d, vj + e), x1 = LoadKv<kKv>(d, vj + v_row + e);
-    auto x2 = LoadKv<kKv>(d, vj + 2 * v_row + e), x3 = LoadKv<kKv>(d, vj + 3 * v_row + e);
+    auto x0 = LoadKvAt<kKv>(d, vj, e), x1 = LoadKvAt<kKv>(d, vj + v_row, e);
+    auto x2 = LoadKvAt<kKv>(d, vj + 2 * v_row, e), x3 = LoadKvAt<kKv>(d, vj + 3 * v_row, e);
     InRegister(x0), InRegister(x1), InRegister(x2), InRegister(x3);
     FusedPvRow(d, w00, w01, w02, w03, x0, x1, x2, x3, o + e);
     if constexpr (kRows > 1) FusedPvRow(d, w10, w11, w12, w13, x0, x1, x2, x3, o + dv + e);
@@ -215,7 +215,8 @@ HWY_INLINE void FusedValues(D d, const float* HWY_RESTRICT p,
 // ks[j * ks_row] multiplies its scores (s_j = ks_j (q · k_j)) and
 // vs[j * vs_row] its weights for P·V (not for l), so that each element
 // costs a conversion and no multiply (fp8's per-tensor scale: a row
-// stride of 0). 16-bit K/V take no scales (null).
+// stride of 0). 16-bit and q8_0 K/V (its scales are in its blocks:
+// LoadKvAt) take no scales (null).
 template <int kRows, Storage kKv, class D>
 HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
                             const KvElem<kKv>* HWY_RESTRICT k, int64_t k_row,
@@ -265,7 +266,8 @@ HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
   HWY_ALIGN float scale4[4];
   const auto scales_of = [&](const float* HWY_RESTRICT sp, int64_t row, int64_t j) {
     for (int64_t c = 0; c < 4; ++c) scale4[c] = sp[(j + c) * row];
-    return hn::LoadDup128(dc, scale4);
+    const VC v = hn::LoadDup128(dc, scale4);
+    return kKvLoadUnit<kKv> == 1.0f ? v : hn::Mul(v, hn::Set(dc, kKvLoadUnit<kKv>));
   };
   // The scores of the group of keys [j, j + 4) into out.
   const auto group_scores = [&](int64_t j, VC* out) {

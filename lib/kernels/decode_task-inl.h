@@ -140,8 +140,8 @@ HWY_INLINE void DecodeKeyTile(const AttentionArgs& a, const KvRows& src,
   }
 }
 
-// DecodeFused for the n rows of 8-bit K/V (int8, fp8 e4m3/e5m2; K and V of
-// one type) from key j, whose K row is k, with their scales.
+// DecodeFused for the n rows of 8-bit K/V (int8, fp8 e4m3/e5m2 with their
+// scales, q8_0; K and V of one type) from key j, whose K row is k.
 template <class D>
 HWY_INLINE void DecodeFused8(D d, const KvRows& src, const DecodeRows& r,
                              int64_t dk, int64_t dv, const char* k, int64_t j,
@@ -160,6 +160,10 @@ HWY_INLINE void DecodeFused8(D d, const KvRows& src, const DecodeRows& r,
     case Storage::kE4M3:
       DecodeFusedRows<Storage::kE4M3>(d, r.rows, r.q, dk, k8, src.k_row, v8, src.v_row,
                                       dv, n, r.m, r.l, r.o, ks, ksr, vs, vsr);
+      break;
+    case Storage::kQ8_0:
+      DecodeFusedRows<Storage::kQ8_0>(d, r.rows, r.q, dk, k8, src.k_row, v8, src.v_row,
+                                      dv, n, r.m, r.l, r.o);
       break;
     default:
       DecodeFusedRows<Storage::kE5M2>(d, r.rows, r.q, dk, k8, src.k_row, v8, src.v_row,
