@@ -168,6 +168,12 @@ Status ConvertOptions(const simdattn_options* c, const simdattn_tensor& q,
     }
   }
   out->mask = ToView(c->mask);
+  out->k_scales = ToView(c->k_scales);
+  out->v_scales = ToView(c->v_scales);
+  if (c->has_fp8_scales != 0) {
+    out->k_scale = c->k_scale;
+    out->v_scale = c->v_scale;
+  }
   return Status::Ok();
 }
 
