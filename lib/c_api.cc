@@ -594,4 +594,16 @@ int simdattn_append_kv(const simdattn_tensor* k_new, const simdattn_tensor* v_ne
   });
 }
 
+int simdattn_quantize_kv(const simdattn_tensor* x, const simdattn_tensor* out,
+                         const simdattn_tensor* scales, float scale) {
+  return simdattn::Guarded([&] {
+    if (x == nullptr) return simdattn::Invalid("x is NULL");
+    if (out == nullptr) return simdattn::Invalid("out is NULL");
+    const simdattn::MutableTensorView sv =
+        scales == nullptr ? simdattn::MutableTensorView{} : simdattn::ToMutableView(*scales);
+    return simdattn::QuantizeKv(simdattn::ToView(*x), simdattn::ToMutableView(*out), sv,
+                                scale);
+  });
+}
+
 }  // extern "C"

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "lib/quant.h"
 #include "simdattn/attention.h"
+#include "simdattn/serving.h"
 
 namespace simdattn {
 namespace {
@@ -162,6 +164,34 @@ TEST(QuantFormatTest, Int8AndQ8_0) {
   EXPECT_EQ(Q8_0Value(block, 5), 0.0f);
   float bad[4] = {1.0f, std::nanf(""), 0.0f, 0.0f};
   EXPECT_TRUE(std::isnan(QuantizeRowInt8(bad, 4, q)));
+}
+
+// QuantizeKv: the rows of x in each format as lib/quant.h stores them,
+// and its errors name the argument with nothing written.
+TEST(QuantizeKvTest, RowsAndErrors) {
+  float x[2 * 64];
+  for (int i = 0; i < 128; ++i) x[i] = 0.03f * static_cast<float>(i) - 2.0f;
+  const TensorView xv = MakeBHSD(x, DType::kF32, 1, 1, 2, 64);
+  int8_t q[128];
+  float scales[2] = {-1.0f, -1.0f};
+  ASSERT_TRUE(QuantizeKv(xv, MakeBHSD(q, DType::kInt8, 1, 1, 2, 64),
+                         MakeBHSD(scales, DType::kF32, 1, 1, 2, 1)).ok());
+  int8_t want[64];
+  EXPECT_EQ(scales[1], QuantizeRowInt8(x + 64, 64, want));
+  EXPECT_EQ(std::memcmp(q + 64, want, 64), 0);
+  uint8_t blocks[2 * 68], want_blocks[68];
+  MutableTensorView bv = MakeBHSD(blocks, DType::kQ8_0, 1, 1, 2, 64);
+  bv.strides[2] = 68;
+  bv.strides[1] = bv.strides[0] = 136;
+  ASSERT_TRUE(QuantizeKv(xv, bv).ok());
+  QuantizeRowQ8_0(x + 64, 64, want_blocks);
+  EXPECT_EQ(std::memcmp(blocks + 68, want_blocks, 68), 0);
+  uint8_t f8[128] = {};
+  const Status s = QuantizeKv(xv, MakeBHSD(f8, DType::kFp8E4M3, 1, 1, 2, 64), {}, 0.0f);
+  EXPECT_NE(s.message.find("scale = 0"), std::string::npos) << s.message;
+  const Status t = QuantizeKv(xv, MakeBHSD(q, DType::kInt8, 1, 1, 2, 64));
+  EXPECT_NE(t.message.find("scales.data is null"), std::string::npos) << t.message;
+  for (uint8_t b : f8) EXPECT_EQ(b, 0);
 }
 
 }  // namespace

@@ -142,6 +142,23 @@ SIMDATTN_API Status AppendKv(const TensorView& k_new, const TensorView& v_new,
                              const MutableTensorView& q = {},
                              const ExecutionOptions& exec = {});
 
+// ---------------------------------------------------------------- Quantize
+
+// Stores x (f32, f16 or bf16, logical [d0, d1, d2, D], any strides with a
+// contiguous last dimension) in out's quantized format (kInt8, kQ8_0,
+// kFp8E4M3 or kFp8E5M2; the same logical shape, q8_0 with D % 32 == 0 and
+// byte strides) as SEMANTICS.md "Quantized KV caches" says, round to
+// nearest even: int8 rows with scale max|x| / 127 written to scales (f32
+// [d0, d1, d2, 1]), q8_0 blocks with their f16 scales inside, fp8 values
+// x / scale (scale finite and > 0) saturating at the largest finite value.
+// scales stays empty ({}) except for int8; scale stays 1 except for fp8.
+// Sequential (no threads). Returns kOk or kInvalidArgument naming the
+// argument (dtypes, shapes, strides, scale, outputs overlapping x or each
+// other); nothing is written unless kOk.
+SIMDATTN_API Status QuantizeKv(const TensorView& x, const MutableTensorView& out,
+                               const MutableTensorView& scales = {},
+                               float scale = 1.0f);
+
 // ---------------------------------------------------------------- Merge
 
 // Merges the results of attention over disjoint sets of keys: outs[i]

@@ -345,6 +345,21 @@ SIMDATTN_C_API int simdattn_append_kv(const simdattn_tensor* k_new,
                                       const simdattn_tensor* q,
                                       const simdattn_exec* exec);
 
+/* ---------------------------------------------------------- quantize */
+
+/* Stores x (F32, F16 or BF16, logical [d0, d1, d2, D]) in out's quantized
+ * format (SIMDATTN_INT8, _Q8_0, _FP8_E4M3, _FP8_E5M2; the same logical
+ * shape) with round to nearest even: int8 writes one f32 scale per row
+ * (max|x| / 127) to scales ([d0, d1, d2, 1]), q8_0 keeps its scales in its
+ * blocks (scales NULL), fp8 stores x / scale (finite, > 0; saturating).
+ * scale is 1 except for fp8. Returns SIMDATTN_OK or
+ * SIMDATTN_INVALID_ARGUMENT (simdattn_last_error() names the argument;
+ * nothing written). SEMANTICS.md, "Quantized KV caches". */
+SIMDATTN_C_API int simdattn_quantize_kv(const simdattn_tensor* x,
+                                        const simdattn_tensor* out,
+                                        const simdattn_tensor* scales,
+                                        float scale);
+
 /* ------------------------------------------------------------- merge */
 
 /* Merges the results of attention over disjoint sets of keys (split KV
