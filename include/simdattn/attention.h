@@ -252,8 +252,8 @@ struct RunInfo {
   const char* target = "";  // the code path that ran, e.g. "AVX3_DL", "NEON"
   // The kernel that ran: "tiled" (queries along the vector lanes: prefill),
   // "decode" (head dims along the lanes: few queries per KV head, every
-  // option) or "fused decode" (decode's fused loop for 16-bit K/V without
-  // options).
+  // option) or "fused decode" (decode's fused loop for 16-bit, int8, q8_0
+  // or fp8 K/V of one type, without options).
   const char* path = "";
   int64_t num_tasks = 0;    // independent work items handed to the threads
 };
