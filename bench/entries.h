@@ -5,6 +5,7 @@
 //   attention/{simdattn,onednn,naive}/<prefill>/...     prefill_entries.cc
 //   attention/simdattn/f32/<shape>/<option>/...         prefill_entries.cc
 //   attention/{simdattn,onednn}/<decode>/...            decode_entries.cc
+//   attention/simdattn/qf32kv{i8,q80,e4m3}/...          quant_entries.cc
 //   paired/...                                          paired_entries.cc
 //   serving/{paged,dense,per_sequence}/...              serving_entries.cc
 //
@@ -62,6 +63,7 @@ void RegisterRooflineEntries(const BenchConfig& config);
 void RegisterPrefillEntries(const BenchConfig& config);
 void RegisterOptionEntries(const BenchConfig& config);
 void RegisterDecodeEntries(const BenchConfig& config);
+void RegisterQuantEntries(const BenchConfig& config);
 void RegisterPairedEntries(const BenchConfig& config);
 void RegisterServingEntries(const BenchConfig& config);
 

@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
   sb::RegisterPrefillEntries(flags.config);
   sb::RegisterOptionEntries(flags.config);
   sb::RegisterDecodeEntries(flags.config);
+  sb::RegisterQuantEntries(flags.config);
   sb::RegisterPairedEntries(flags.config);
   sb::RegisterServingEntries(flags.config);
 

@@ -45,6 +45,14 @@ const char* DTypeName(DType dtype) {
       return "bf16";
     case DType::kBool:
       return "bool";
+    case DType::kInt8:
+      return "int8";
+    case DType::kQ8_0:
+      return "q8_0";
+    case DType::kFp8E4M3:
+      return "fp8_e4m3";
+    case DType::kFp8E5M2:
+      return "fp8_e5m2";
   }
   return "unknown";
 }
@@ -57,7 +65,12 @@ int64_t DTypeSize(DType dtype) {
     case DType::kBF16:
       return 2;
     case DType::kBool:
+    case DType::kInt8:
+    case DType::kFp8E4M3:
+    case DType::kFp8E5M2:
       return 1;
+    case DType::kQ8_0:
+      return 34;  // one block: f16 scale and 32 int8
   }
   return 1;
 }

@@ -168,6 +168,12 @@ Status ConvertOptions(const simdattn_options* c, const simdattn_tensor& q,
     }
   }
   out->mask = ToView(c->mask);
+  out->k_scales = ToView(c->k_scales);
+  out->v_scales = ToView(c->v_scales);
+  if (c->has_fp8_scales != 0) {
+    out->k_scale = c->k_scale;
+    out->v_scale = c->v_scale;
+  }
   return Status::Ok();
 }
 
@@ -586,6 +592,18 @@ int simdattn_append_kv(const simdattn_tensor* k_new, const simdattn_tensor* v_ne
   return simdattn::Guarded([&] {
     return simdattn::CAppendKv(k_new, v_new, k_cache, v_cache, slot_mapping, rotary, q,
                                exec);
+  });
+}
+
+int simdattn_quantize_kv(const simdattn_tensor* x, const simdattn_tensor* out,
+                         const simdattn_tensor* scales, float scale) {
+  return simdattn::Guarded([&] {
+    if (x == nullptr) return simdattn::Invalid("x is NULL");
+    if (out == nullptr) return simdattn::Invalid("out is NULL");
+    const simdattn::MutableTensorView sv =
+        scales == nullptr ? simdattn::MutableTensorView{} : simdattn::ToMutableView(*scales);
+    return simdattn::QuantizeKv(simdattn::ToView(*x), simdattn::ToMutableView(*out), sv,
+                                scale);
   });
 }
 

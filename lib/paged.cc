@@ -168,7 +168,9 @@ Status CheckPagedMask(const TensorView& q, const PagedKvCache& c,
     return Invalid("mask.shape[3] = " + Str(m.shape[3]) +
                    ": must be 1 or at least the longest kv_lens = " + Str(pp->p.kv_len));
   }
+  // f32 stand-ins (the mask does not depend on K/V's format or scales).
   TensorView k = c.k, v = c.v;
+  k.dtype = v.dtype = DType::kF32;
   k.shape[0] = v.shape[0] = 1;
   k.shape[2] = v.shape[2] = lk;
   for (int i = 0; i < 3; ++i) k.strides[i] = v.strides[i] = 0;

@@ -40,9 +40,19 @@ void CopyStrides3(const int64_t* strides, int64_t* out) {
 }
 
 Storage StorageOf(DType t) {
-  return t == DType::kF32 ? Storage::kF32
-         : t == DType::kF16 ? Storage::kF16
-                            : Storage::kBF16;
+  switch (t) {
+    case DType::kF32: return Storage::kF32;
+    case DType::kF16: return Storage::kF16;
+    case DType::kInt8: return Storage::kI8;
+    case DType::kQ8_0: return Storage::kQ8_0;
+    case DType::kFp8E4M3: return Storage::kE4M3;
+    case DType::kFp8E5M2: return Storage::kE5M2;
+    default: return Storage::kBF16;
+  }
+}
+
+bool Quantized(const AttentionArgs& a) {
+  return !IsWideStorage(a.k_type) || !IsWideStorage(a.v_type);
 }
 
 MaskKind MaskKindOf(const Problem& p, DType t) {
@@ -64,14 +74,17 @@ bool HasOptions(const AttentionArgs& a) {
          a.alibi_slopes != nullptr || a.dropout_p > 0.0f;
 }
 
-// The decode path's fused 16-bit loop (decode-inl.h, DecodeFused) takes a
+// The decode path's fused loop (decode_fused-inl.h, DecodeFused) takes a
 // group of up to 4 rows of one query each (or rows whose key ranges agree)
-// without options, K/V widened in registers and head dims of whole vectors.
+// without options, K/V widened in registers (16-bit, or int8/fp8/q8_0 with
+// K and V of one type) and head dims of whole vectors.
 bool FusedDecode(const AttentionArgs& a, const TargetCaps& caps) {
   const bool row_cuts = a.q_len > 1 && (a.causal || a.window_right >= 0 ||
                                         a.window_left >= 0);
   const bool in_registers = a.kv_type == Storage::kBF16 ||
-                            (a.kv_type == Storage::kF16 && caps.f16_in_registers);
+                            (a.kv_type == Storage::kF16 && caps.f16_in_registers) ||
+                            a.kv_type == Storage::kI8 || a.kv_type == Storage::kE4M3 ||
+                            a.kv_type == Storage::kE5M2 || a.kv_type == Storage::kQ8_0;
   return caps.fused_decode && in_registers && !HasOptions(a) && !row_cuts &&
          a.group * a.q_len <= 4 && a.head_dim_qk % caps.lanes == 0 &&
          a.head_dim_v % caps.lanes == 0 && a.head_dim_qk <= caps.fused_max_dk;
@@ -97,10 +110,13 @@ void SplitKeys(const AttentionArgs& a, int64_t other_groups, Plan* plan) {
   plan->num_chunks = (a.kv_len + plan->chunk_keys - 1) / plan->chunk_keys;
 }
 
-// Whether the AMX tiles take the call's inputs: bf16 Q, K and V, or any
-// storage the caller lets round to bf16.
+// Whether the AMX tiles take the call's inputs: bf16 Q, K and V, or f32,
+// f16 and bf16 ones the caller lets round to bf16 (quantized K/V never).
 bool AmxInputs(const AttentionArgs& a) {
-  return a.bf16_compute || (a.q_type == Storage::kBF16 && a.kv_type == Storage::kBF16);
+  const bool wide = IsWideStorage(a.q_type) && IsWideStorage(a.k_type) &&
+                    IsWideStorage(a.v_type);
+  return (a.bf16_compute && wide) ||
+         (a.q_type == Storage::kBF16 && a.kv_type == Storage::kBF16);
 }
 
 bool PackKv(const AttentionArgs& a, const Plan& plan, bool amx) {
@@ -109,6 +125,14 @@ bool PackKv(const AttentionArgs& a, const Plan& plan, bool amx) {
   // Paged K/V: the tiles read packed K/V only (a tile may span pages), the
   // decode path reads the pages in place.
   if (a.block_table != nullptr) return plan.path == KernelPath::kTiled;
+  // Quantized K/V are dequantized once per group into the packed f32
+  // layout (in place, every tile of every block would dequantize again);
+  // PackPolicy::kNever (tests) still reads them in place.
+  if (Quantized(a)) {
+    return plan.path == KernelPath::kTiled && policy != PackPolicy::kNever &&
+           group_bytes > 0 &&
+           group_bytes <= kPackedGroupMaxBytes;
+  }
   if (amx) {  // the tiles read packed K/V only; in place they are widened
     return plan.path == KernelPath::kTiled && policy != PackPolicy::kNever &&
            group_bytes <= kPackedGroupMaxBytes;
@@ -144,7 +168,15 @@ AttentionArgs MakeArgs(const Problem& p, const TensorView& q,
   a.head_dim_qk = p.head_dim_qk;
   a.head_dim_v = p.head_dim_v;
   a.q_type = StorageOf(q.dtype);
-  a.kv_type = StorageOf(k.dtype);
+  a.k_type = StorageOf(k.dtype);
+  a.v_type = StorageOf(v.dtype);
+  a.kv_type = a.k_type == a.v_type ? a.k_type : Storage::kMixed;
+  a.k_scales = static_cast<const float*>(options.k_scales.data);
+  a.v_scales = static_cast<const float*>(options.v_scales.data);
+  if (a.k_scales != nullptr) CopyStrides3(options.k_scales.strides, a.k_scale_strides);
+  if (a.v_scales != nullptr) CopyStrides3(options.v_scales.strides, a.v_scale_strides);
+  a.k_scale = options.k_scale;
+  a.v_scale = options.v_scale;
   a.o_type = StorageOf(o.dtype);
   a.q = q.data;
   CopyStrides3(q.strides, a.q_strides);

@@ -16,6 +16,7 @@
 
 #include "lib/dtype.h"
 #include "lib/philox.h"
+#include "lib/quant.h"
 #include "lib/validate.h"
 
 namespace simdattn {
@@ -45,6 +46,14 @@ double LoadAsDouble(const void* data, DType dtype, int64_t index) {
     }
     case DType::kBool:
       return base[index] != 0 ? 1.0 : 0.0;
+    case DType::kInt8:  // the stored q; its scale is applied by the caller
+      return static_cast<int8_t>(base[index]);
+    case DType::kFp8E4M3:
+      return E4M3ToF32(static_cast<uint8_t>(base[index]));
+    case DType::kFp8E5M2:
+      return E5M2ToF32(static_cast<uint8_t>(base[index]));
+    case DType::kQ8_0:  // element `index` of a row starting at data
+      return Q8_0Value(reinterpret_cast<const uint8_t*>(base), index);
   }
   return 0.0;
 }
@@ -64,6 +73,36 @@ void LoadRowsAsDouble(const void* data, DType dtype, int64_t base,
     for (int64_t d = 0; d < n; ++d) {
       out[r * n + d] = LoadAsDouble(data, dtype, base + r * row_stride + d * elem_stride);
     }
+  }
+}
+
+// Rows [0, rows) of K or V (`t`) of batch b and KV head h, dequantized
+// exactly (SEMANTICS.md "Quantized KV caches": x = scale * q in double)
+// into out[j * n + d]. `scales` and `scale` are the view's int8 per-token
+// scales and fp8 per-tensor scale (AttentionOptions).
+void LoadKvRowsAsDouble(const TensorView& t, const TensorView& scales,
+                        float scale, int64_t b, int64_t h, int64_t rows,
+                        int64_t n, double* out) {
+  if (t.dtype != DType::kQ8_0) {
+    LoadRowsAsDouble(t.data, t.dtype, Offset(t.strides, b, h, 0, 0), t.strides[2],
+                     t.strides[3], rows, n, out);
+  } else {
+    const char* base = static_cast<const char*>(t.data);
+    for (int64_t j = 0; j < rows; ++j) {
+      const char* row = base + b * t.strides[0] + h * t.strides[1] + j * t.strides[2];
+      for (int64_t d = 0; d < n; ++d) out[j * n + d] = LoadAsDouble(row, DType::kQ8_0, d);
+    }
+  }
+  for (int64_t j = 0; j < rows; ++j) {
+    double f = 1.0;
+    if (t.dtype == DType::kInt8) {
+      f = LoadAsDouble(scales.data, DType::kF32, Offset(scales.strides, b, h, j, 0));
+    } else if (t.dtype == DType::kFp8E4M3 || t.dtype == DType::kFp8E5M2) {
+      f = scale;
+    } else {
+      continue;
+    }
+    for (int64_t d = 0; d < n; ++d) out[j * n + d] *= f;
   }
 }
 
@@ -226,10 +265,10 @@ Status ReferenceAttention(const TensorView& q, const TensorView& k,
       for (int64_t h = 0; h < pr.q_heads; ++h) {
         if (h % pr.group == 0) {
           const int64_t hkv = h / pr.group;
-          LoadRowsAsDouble(k.data, k.dtype, Offset(k.strides, b, hkv, 0, 0),
-                           k.strides[2], k.strides[3], pr.kv_len, dk, k_rows.data());
-          LoadRowsAsDouble(v.data, v.dtype, Offset(v.strides, b, hkv, 0, 0),
-                           v.strides[2], v.strides[3], pr.kv_len, dv, v_rows.data());
+          LoadKvRowsAsDouble(k, options.k_scales, options.k_scale, b, hkv, pr.kv_len,
+                             dk, k_rows.data());
+          LoadKvRowsAsDouble(v, options.v_scales, options.v_scale, b, hkv, pr.kv_len,
+                             dv, v_rows.data());
         }
         for (int64_t i = 0; i < pr.q_len; ++i) {
           LoadRowsAsDouble(q.data, q.dtype, Offset(q.strides, b, h, i, 0), 0,

@@ -32,15 +32,24 @@ bool IsStorageType(DType t) {
   return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
 }
 
+bool IsQuantizedType(DType t) {
+  return t == DType::kInt8 || t == DType::kQ8_0 || t == DType::kFp8E4M3 ||
+         t == DType::kFp8E5M2;
+}
+
+bool IsKvType(DType t) { return IsStorageType(t) || IsQuantizedType(t); }
+
 bool KnownDType(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 ||
-         t == DType::kBool;
+  return IsKvType(t) || t == DType::kBool;
 }
 
 bool ComputeRange(const void* data, DType dtype, const int64_t* shape,
                   const int64_t* strides, ByteRange* r) {
   int64_t min_off = 0, max_off = 0;  // in elements
-  for (int i = 0; i < 4; ++i) {
+  // q8_0: strides[0..2] in bytes, a row of shape[3] values is one unit of
+  // shape[3] / 32 blocks.
+  const bool q8 = dtype == DType::kQ8_0;
+  for (int i = 0; i < (q8 ? 3 : 4); ++i) {
     if (shape[i] <= 0) continue;
     int64_t span;
     if (__builtin_mul_overflow(shape[i] - 1, strides[i], &span)) return false;
@@ -50,11 +59,12 @@ bool ComputeRange(const void* data, DType dtype, const int64_t* shape,
       if (__builtin_add_overflow(max_off, span, &max_off)) return false;
     }
   }
-  const int64_t size = DTypeSize(dtype);
+  const int64_t size = q8 ? 1 : DTypeSize(dtype);
   int64_t lo_b, hi_b;
   if (__builtin_mul_overflow(min_off, size, &lo_b)) return false;
   if (__builtin_mul_overflow(max_off, size, &hi_b)) return false;
-  if (__builtin_add_overflow(hi_b, size, &hi_b)) return false;
+  const int64_t last = q8 ? std::max<int64_t>(shape[3], 32) / 32 * DTypeSize(dtype) : size;
+  if (__builtin_add_overflow(hi_b, last, &hi_b)) return false;
   const int64_t base = static_cast<int64_t>(reinterpret_cast<uintptr_t>(data));
   if (__builtin_add_overflow(base, lo_b, &r->lo)) return false;
   if (__builtin_add_overflow(base, hi_b, &r->hi)) return false;
@@ -79,10 +89,12 @@ namespace {
 Status CheckView(const char* name, int which, const void* data, DType dtype,
                  const int64_t* shape, const int64_t* strides,
                  ByteRange* range) {
-  if (!IsStorageType(dtype)) {
+  const bool kv = which == 1 || which == 2;
+  if (kv ? !IsKvType(dtype) : !IsStorageType(dtype)) {
     return Invalid(std::string(name) + ".dtype = " +
                    (KnownDType(dtype) ? DTypeName(dtype) : "unknown") +
-                   ": must be f32, f16 or bf16");
+                   (kv ? ": must be f32, f16, bf16, int8, q8_0, fp8_e4m3 or fp8_e5m2"
+                       : ": must be f32, f16 or bf16"));
   }
   for (int i = 0; i < 4; ++i) {
     if (shape[i] <= 0) {
@@ -100,6 +112,12 @@ Status CheckView(const char* name, int which, const void* data, DType dtype,
     std::ostringstream os;
     os << name << ".strides[3] = " << strides[3]
        << ": the last dimension must be contiguous (stride 1)";
+    return Invalid(os.str());
+  }
+  if (dtype == DType::kQ8_0 && shape[3] % 32 != 0) {
+    std::ostringstream os;
+    os << name << ".shape[3] (" << kDimNames[which][3] << ") = " << shape[3]
+       << ": q8_0 needs a multiple of 32 (its blocks of 32 values)";
     return Invalid(os.str());
   }
   int64_t count = 1;
@@ -148,11 +166,6 @@ bool AllZero(const int64_t* shape) {
 // Q, K and V against each other (each view already checked alone).
 Status CheckShapes(const TensorView& q, const TensorView& k,
                    const TensorView& v) {
-  if (k.dtype != v.dtype) {
-    return Invalid(std::string("k.dtype = ") + DTypeName(k.dtype) +
-                   " but v.dtype = " + DTypeName(v.dtype) +
-                   ": K and V must share one storage type");
-  }
   std::ostringstream os;
   if (k.shape[0] != q.shape[0] || v.shape[0] != q.shape[0]) {
     os << "batch mismatch: q.shape[0] = " << q.shape[0]
@@ -284,6 +297,55 @@ Status CheckMask(const TensorView& m, Problem* out, ByteRange* r) {
   return Status::Ok();
 }
 
+// The scales of quantized K or V (`which` "k" or "v"; SEMANTICS.md
+// "Quantized KV caches"): int8 needs its per-token f32 view of [B, Hkv,
+// Lk, 1], fp8 a finite per-tensor scale >= 0; every other dtype neither.
+Status CheckScalesOf(const char* which, DType dtype, const TensorView& scales,
+                     float scale, const Problem& p) {
+  const std::string tensor = std::string(which) + "_scales";
+  const std::string scalar = std::string(which) + "_scale";
+  std::ostringstream os;
+  if (dtype != DType::kInt8 && (scales.data != nullptr || !AllZero(scales.shape))) {
+    return Invalid(tensor + " is set but " + which + ".dtype = " +
+                   DTypeName(dtype) +
+                   ": only int8 takes per-token scales (leave it empty)");
+  }
+  if (dtype == DType::kInt8) {
+    if (scales.data == nullptr) {
+      return Invalid(tensor + ".data is null: an int8 " + which +
+                     " needs one f32 scale per token and KV head, [B, Hkv, Lk, 1]");
+    }
+    if (scales.dtype != DType::kF32) {
+      return Invalid(tensor + ".dtype = " +
+                     (KnownDType(scales.dtype) ? DTypeName(scales.dtype) : "unknown") +
+                     ": must be f32");
+    }
+    const int64_t want[4] = {p.batch, p.kv_heads, p.kv_len, 1};
+    for (int i = 0; i < 4; ++i) {
+      if (scales.shape[i] != want[i]) {
+        return Invalid(tensor + ".shape " + ShapeString(scales.shape) +
+                       " must be [B, Hkv, Lk, 1] = " + ShapeString(want));
+      }
+    }
+    ByteRange r;
+    if (!ComputeRange(scales.data, scales.dtype, scales.shape, scales.strides, &r)) {
+      return Invalid(tensor + ": offsets of shape " + ShapeString(scales.shape) +
+                     " with its strides overflow int64");
+    }
+  }
+  const bool fp8 = dtype == DType::kFp8E4M3 || dtype == DType::kFp8E5M2;
+  if (fp8 && !(std::isfinite(scale) && scale >= 0.0f)) {
+    os << scalar << " = " << scale << ": must be finite and >= 0";
+    return Invalid(os.str());
+  }
+  if (!fp8 && scale != 1.0f) {
+    os << scalar << " = " << scale << " but " << which << ".dtype = "
+       << DTypeName(dtype) << ": only fp8 takes a per-tensor scale (leave it 1)";
+    return Invalid(os.str());
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status ValidateInputs(const TensorView& q, const TensorView& k,
@@ -311,6 +373,10 @@ Status ValidateInputs(const TensorView& q, const TensorView& k,
   s = CheckScalarOptions(options, &out);
   if (!s.ok()) return s;
   s = CheckMask(options.mask, &out, &r);
+  if (!s.ok()) return s;
+  s = CheckScalesOf("k", k.dtype, options.k_scales, options.k_scale, out);
+  if (!s.ok()) return s;
+  s = CheckScalesOf("v", v.dtype, options.v_scales, options.v_scale, out);
   if (!s.ok()) return s;
   *p = out;
   return Status::Ok();
@@ -340,7 +406,7 @@ Status ValidateOutputs(const Problem& p, const TensorView& q,
     const char* name;
     ByteRange range;
   };
-  Named inputs[8];
+  Named inputs[10];
   int n = 0;
   ByteRange r;
   ComputeRange(q.data, q.dtype, q.shape, q.strides, &r);
@@ -353,6 +419,11 @@ Status ValidateOutputs(const Problem& p, const TensorView& q,
     const TensorView& m = options.mask;
     ComputeRange(m.data, m.dtype, m.shape, p.mask_strides, &r);
     inputs[n++] = {"mask", r};
+  }
+  for (const TensorView* sc : {&options.k_scales, &options.v_scales}) {
+    if (sc->data == nullptr) continue;
+    ComputeRange(sc->data, sc->dtype, sc->shape, sc->strides, &r);
+    inputs[n++] = {sc == &options.k_scales ? "k_scales" : "v_scales", r};
   }
   auto add_array = [&](const char* name, const void* ptr, int64_t bytes) {
     if (ptr == nullptr) return;

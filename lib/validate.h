@@ -14,8 +14,11 @@ namespace simdattn {
 // ---------------------------------------------------------------- Views
 // Helpers for every entry point that checks views.
 
-// f32, f16 or bf16; KnownDType also allows bool.
+// f32, f16 or bf16; IsQuantizedType: int8, q8_0, fp8 e4m3/e5m2; IsKvType:
+// either (what K and V may be); KnownDType also allows bool.
 bool IsStorageType(DType t);
+bool IsQuantizedType(DType t);
+bool IsKvType(DType t);
 bool KnownDType(DType t);
 
 // Byte range [lo, hi) touched by a view.
@@ -25,7 +28,8 @@ struct ByteRange {
 };
 
 // The bytes a view touches (extents <= 0 count as 1); false on int64
-// overflow.
+// overflow. A q8_0 view's strides[0..2] are in bytes and its rows
+// shape[3] / 32 blocks of 34 bytes.
 bool ComputeRange(const void* data, DType dtype, const int64_t* shape,
                   const int64_t* strides, ByteRange* r);
 bool Overlap(const ByteRange& a, const ByteRange& b);

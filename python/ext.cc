@@ -74,7 +74,33 @@ struct Options {
     c.dropout_p = dropout_p;
     c.dropout_seed = seed;
   }
+
+  // Quantized K/V: int8's scale operands (None: none) and fp8's scales.
+  void SetKvScales(py::object k_scales, py::object v_scales, bool has_fp8,
+                   float k_scale, float v_scale) {
+    if (!k_scales.is_none()) c.k_scales = ToTensor(k_scales.cast<Operand>());
+    if (!v_scales.is_none()) c.v_scales = ToTensor(v_scales.cast<Operand>());
+    c.has_fp8_scales = has_fp8;
+    c.k_scale = k_scale;
+    c.v_scale = v_scale;
+  }
 };
+
+// simdattn_quantize_kv; returns (status, message).
+py::tuple QuantizeKv(const Operand& x, const Operand& out, py::object scales, float scale) {
+  const simdattn_tensor tx = ToTensor(x), to = ToTensor(out);
+  simdattn_tensor ts;
+  const bool has_scales = !scales.is_none();
+  if (has_scales) ts = ToTensor(scales.cast<Operand>());
+  int status;
+  std::string message;
+  {
+    py::gil_scoped_release release;
+    status = simdattn_quantize_kv(&tx, &to, has_scales ? &ts : nullptr, scale);
+    if (status != SIMDATTN_OK) message = simdattn_last_error();
+  }
+  return py::make_tuple(status, message);
+}
 
 // Runs one call; returns (status, message, target, path).
 py::tuple Attention(const Operand& q, const Operand& k, const Operand& v,
@@ -262,7 +288,9 @@ PYBIND11_MODULE(_simdattn, m) {
   m.doc() = "simdattn's compiled core; use the simdattn package.";
   py::class_<Options>(m, "Options")
       .def(py::init<bool, float, bool, int32_t, int64_t, int64_t, float, Vector,
-                    Vector, Vector, float, uint64_t>());
+                    Vector, Vector, float, uint64_t>())
+      .def("set_kv_scales", &Options::SetKvScales);
+  m.def("quantize_kv", &QuantizeKv);
   m.def("attention", &Attention);
   m.def("append_kv", &AppendKv);
   py::class_<PagedArrays>(m, "PagedArrays")

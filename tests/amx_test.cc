@@ -225,6 +225,33 @@ TEST(AmxTest, AllowBf16ComputeRoundsOnlyOnTheTiles) {
   }
 }
 
+// K and V of different types (f32 K, f16 V) round each from its own type.
+TEST(AmxTest, AllowBf16ComputeWithKAndVOfDifferentTypes) {
+  std::mt19937 rng(950);
+  Tensor q(DType::kF32, 1, 4, 96, 64), k(DType::kF32, 1, 2, 200, 64),
+      v(DType::kF16, 1, 2, 200, 48);
+  q.FillUniform(&rng, -1.0f, 1.0f);
+  k.FillUniform(&rng, -1.0f, 1.0f);
+  v.FillUniform(&rng, -1.0f, 1.0f);
+  AttentionOptions options;
+  options.causal = true;
+  options.alignment = Alignment::kBottomRight;
+  std::vector<double> o_ref, lse_ref;
+  ASSERT_TRUE(ReferenceAttention(q.View(), k.View(), v.View(), options, &o_ref, &lse_ref).ok());
+  ExecutionOptions exec;
+  exec.allow_bf16_compute = true;
+  for (const std::string& target : TestTargets()) {
+    SCOPED_TRACE(target);
+    ScopedTarget cap(target);
+    Tensor o(DType::kF32, 1, 4, 96, 48);
+    RunInfo info;
+    ASSERT_TRUE(Attention(q.View(), k.View(), v.View(), o.MutableView(), options, {}, exec,
+                          &info).ok());
+    RecordTargetRun(info.target);
+    EXPECT_LE(MaxError(o, o_ref, std::max(1.0, MaxAbs(v))), OutputBound(DType::kBF16));
+  }
+}
+
 }  // namespace
 }  // namespace test
 }  // namespace simdattn

@@ -149,11 +149,8 @@ TEST(ValidateTest, OutputOverlappingInput) {
 TEST(ValidateTest, UnsupportedDtypes) {
   { Call c; c.qv.dtype = DType::kBool; ExpectInvalid(c, "q.dtype = bool"); }
   { Call c; c.kv.dtype = static_cast<DType>(42); ExpectInvalid(c, "k.dtype = unknown"); }
-  {
-    Call c;  // K and V must share one type
-    c.kv.dtype = DType::kBF16;
-    ExpectInvalid(c, "must share one storage type");
-  }
+  { Call c; c.qv.dtype = DType::kInt8; ExpectInvalid(c, "q.dtype = int8: must be f32, f16 or bf16"); }
+  { Call c; c.ov.dtype = DType::kFp8E4M3; ExpectInvalid(c, "o.dtype = fp8_e4m3"); }
   { Call c; c.lsev.dtype = DType::kF16; ExpectInvalid(c, "lse.dtype = f16"); }
 }
 

@@ -49,15 +49,29 @@ enum class DType : int32_t {
   kF16 = 1,   // IEEE binary16
   kBF16 = 2,  // bfloat16
   kBool = 3,  // one byte per element, 0 = hidden, non-zero = attend (masks)
+  // Quantized K/V caches (K and V only, each its own; SEMANTICS.md
+  // "Quantized KV caches"). 4 and 5 are the C API's int32/int64 (lengths).
+  kInt8 = 6,      // int8 q in [-127, 127], x = scale * q with one f32 scale
+                  // per (token, KV head): AttentionOptions::k_scales/v_scales
+  kQ8_0 = 7,      // ggml's q8_0: blocks of 32 values of a row, each an f16
+                  // scale d and 32 int8 q (34 bytes), x = d * q; needs
+                  // D % 32 == 0 and its view's strides[0..2] in bytes
+  kFp8E4M3 = 8,   // OCP fp8 e4m3 (bias 7, no Inf, NaN S.1111.111, max 448),
+                  // x = scale * value with one f32 scale per tensor
+  kFp8E5M2 = 9,   // OCP fp8 e5m2 (bias 15, Inf and NaN, max 57344), likewise
 };
 
+// "f32", "f16", "bf16", "bool", "int8", "q8_0", "fp8_e4m3", "fp8_e5m2".
 SIMDATTN_API const char* DTypeName(DType dtype);
+// Bytes per element; for kQ8_0 bytes per block of 32 values (34).
 SIMDATTN_API int64_t DTypeSize(DType dtype);
 
 // A strided 4-D view of memory the caller owns. Extents and strides are in
 // elements (not bytes), outermost first. The last stride must be 1; the others
 // are free (0 broadcasts), so PyTorch's BHSD and the engines' BSHD layouts are
-// both plain views. Logical dimension order is always the one of
+// both plain views. One exception: a kQ8_0 K or V, whose rows are D / 32
+// blocks of 34 bytes, has strides[0..2] in bytes (strides[3] is still 1,
+// the elements of a row are its blocks' values in order). Logical dimension order is always the one of
 // SEMANTICS.md: Q [B, Hq, Lq, Dk], K [B, Hkv, Lk, Dk], V [B, Hkv, Lk, Dv],
 // O [B, Hq, Lq, Dv], LSE [B, Hq, Lq, 1], mask [B, Hq, Lq, Lk].
 struct TensorView {
@@ -144,6 +158,19 @@ struct AttentionOptions {
   // a key is kept with probability 1 - floor(p * 2^16) / 2^16. 0 = off.
   float dropout_p = 0.0f;
   uint64_t dropout_seed = 0;
+  // Scales of quantized K and V (SEMANTICS.md "Quantized KV caches").
+  // kInt8 K (V): k_scales (v_scales) is required, f32, logically
+  // [B, Hkv, Lk, 1] (PagedAttention: the cache pages' [num_blocks, Hkv,
+  // block_size, 1]); strides are free (0 broadcasts). For every other
+  // dtype it stays empty (null data, all extents 0). Its values are data:
+  // a NaN or Inf scale makes that key's row NaN/Inf, which propagates like
+  // NaN in K or V.
+  TensorView k_scales;
+  TensorView v_scales;
+  // kFp8E4M3 / kFp8E5M2 K (V): the per-tensor scale, finite and >= 0 (0
+  // gives zeros). For every other dtype it must stay 1.
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
 };
 
 // ---------------------------------------------------------------- Threads
@@ -232,8 +259,8 @@ struct RunInfo {
   const char* target = "";  // the code path that ran, e.g. "AVX3_DL", "NEON"
   // The kernel that ran: "tiled" (queries along the vector lanes: prefill),
   // "decode" (head dims along the lanes: few queries per KV head, every
-  // option) or "fused decode" (decode's fused loop for 16-bit K/V without
-  // options).
+  // option) or "fused decode" (decode's fused loop for 16-bit, int8, q8_0
+  // or fp8 K/V of one type, without options).
   const char* path = "";
   int64_t num_tasks = 0;    // independent work items handed to the threads
 };

@@ -54,7 +54,10 @@ SIMDATTN_API MutableTensorView MakePagedHND(void* data, DType dtype,
 // Entries of block_table past a sequence's last page are never read.
 struct PagedKvCache {
   TensorView k;  // [num_blocks, Hkv, block_size, Dk]
-  TensorView v;  // [num_blocks, Hkv, block_size, Dv], K's dtype
+  TensorView v;  // [num_blocks, Hkv, block_size, Dv], any K/V dtype
+  // Quantized pages: int8's scales are AttentionOptions::k_scales and
+  // v_scales of shape [num_blocks, Hkv, block_size, 1] (a scale per slot),
+  // fp8's k_scale / v_scale; q8_0 pages have byte strides.
   const int32_t* block_table = nullptr;  // [num_seqs, max_blocks_per_seq]
   int64_t max_blocks_per_seq = 0;
   int64_t block_table_stride = 0;  // elements between rows; 0: max_blocks_per_seq
@@ -139,6 +142,23 @@ SIMDATTN_API Status AppendKv(const TensorView& k_new, const TensorView& v_new,
                              const RotaryEmbedding& rotary = {},
                              const MutableTensorView& q = {},
                              const ExecutionOptions& exec = {});
+
+// ---------------------------------------------------------------- Quantize
+
+// Stores x (f32, f16 or bf16, logical [d0, d1, d2, D], any strides with a
+// contiguous last dimension) in out's quantized format (kInt8, kQ8_0,
+// kFp8E4M3 or kFp8E5M2; the same logical shape, q8_0 with D % 32 == 0 and
+// byte strides) as SEMANTICS.md "Quantized KV caches" says, round to
+// nearest even: int8 rows with scale max|x| / 127 written to scales (f32
+// [d0, d1, d2, 1]), q8_0 blocks with their f16 scales inside, fp8 values
+// x / scale (scale finite and > 0) saturating at the largest finite value.
+// scales stays empty ({}) except for int8; scale stays 1 except for fp8.
+// Sequential (no threads). Returns kOk or kInvalidArgument naming the
+// argument (dtypes, shapes, strides, scale, outputs overlapping x or each
+// other); nothing is written unless kOk.
+SIMDATTN_API Status QuantizeKv(const TensorView& x, const MutableTensorView& out,
+                               const MutableTensorView& scales = {},
+                               float scale = 1.0f);
 
 // ---------------------------------------------------------------- Merge
 

@@ -65,7 +65,13 @@ typedef enum simdattn_dtype {
   SIMDATTN_BF16 = 2, /* bfloat16 */
   SIMDATTN_BOOL = 3, /* one byte, 0 = hidden, non-zero = attend (masks) */
   SIMDATTN_I32 = 4,  /* kv lengths only */
-  SIMDATTN_I64 = 5   /* kv lengths only */
+  SIMDATTN_I64 = 5,  /* kv lengths only */
+  /* Quantized K/V (SEMANTICS.md "Quantized KV caches"), K and V only: */
+  SIMDATTN_INT8 = 6,     /* x = scale * q, options->k_scales / v_scales */
+  SIMDATTN_Q8_0 = 7,     /* ggml blocks of 32 (f16 scale, 32 int8): 34
+                            bytes; strides[0..2] of its view in bytes */
+  SIMDATTN_FP8_E4M3 = 8, /* OCP e4m3, x = k_scale (v_scale) * value */
+  SIMDATTN_FP8_E5M2 = 9  /* OCP e5m2, likewise */
 } simdattn_dtype;
 
 /* A strided 4-D view of caller memory. Extents and strides in elements,
@@ -122,6 +128,15 @@ typedef struct simdattn_options {
   int64_t num_kv_lengths;
   float dropout_p;        /* in [0, 1); 0 = off */
   uint64_t dropout_seed;  /* Philox4x32-10 key of the keep mask */
+  /* Quantized K/V: int8's per-token f32 scales [B, Hkv, Lk, 1] (paged:
+   * [num_blocks, Hkv, block_size, 1]); data NULL for other formats. */
+  simdattn_tensor k_scales;
+  simdattn_tensor v_scales;
+  /* fp8's per-tensor scales, read only when has_fp8_scales is non-zero
+   * (otherwise both are 1); finite, >= 0. */
+  int32_t has_fp8_scales;
+  float k_scale;
+  float v_scale;
 } simdattn_options;
 
 SIMDATTN_C_API void simdattn_options_init(simdattn_options* options);
@@ -333,6 +348,21 @@ SIMDATTN_C_API int simdattn_append_kv(const simdattn_tensor* k_new,
                                       const simdattn_rotary* rotary,
                                       const simdattn_tensor* q,
                                       const simdattn_exec* exec);
+
+/* ---------------------------------------------------------- quantize */
+
+/* Stores x (F32, F16 or BF16, logical [d0, d1, d2, D]) in out's quantized
+ * format (SIMDATTN_INT8, _Q8_0, _FP8_E4M3, _FP8_E5M2; the same logical
+ * shape) with round to nearest even: int8 writes one f32 scale per row
+ * (max|x| / 127) to scales ([d0, d1, d2, 1]), q8_0 keeps its scales in its
+ * blocks (scales NULL), fp8 stores x / scale (finite, > 0; saturating).
+ * scale is 1 except for fp8. Returns SIMDATTN_OK or
+ * SIMDATTN_INVALID_ARGUMENT (simdattn_last_error() names the argument;
+ * nothing written). SEMANTICS.md, "Quantized KV caches". */
+SIMDATTN_C_API int simdattn_quantize_kv(const simdattn_tensor* x,
+                                        const simdattn_tensor* out,
+                                        const simdattn_tensor* scales,
+                                        float scale);
 
 /* ------------------------------------------------------------- merge */
 

@@ -127,12 +127,12 @@ inline void RowToBf16(Storage type, const void* row, int64_t n,
 // infinity (0x7F7F8000).
 inline bool ValuesFiniteAsBf16(const AttentionArgs& a, const KvRows& src,
                                int64_t first, int64_t nk) {
-  if (src.type == Storage::kBF16) return Bf16ValuesFinite(a, src, first, nk);
+  if (src.v_type == Storage::kBF16) return Bf16ValuesFinite(a, src, first, nk);
   const int64_t dv = a.head_dim_v;
   for (int64_t j = first; j < first + nk; ++j) {
     const char* row = src.VRow(j);
     for (int64_t e = 0; e < dv; ++e) {
-      if (src.type == Storage::kF16) {
+      if (src.v_type == Storage::kF16) {
         uint16_t h;
         std::memcpy(&h, row + 2 * e, 2);
         if ((h & 0x7C00) == 0x7C00) return false;
@@ -150,14 +150,7 @@ inline bool ValuesFiniteAsBf16(const AttentionArgs& a, const KvRows& src,
 template <class D>
 HWY_INLINE void ValueRowsF32(D d, const AttentionArgs& a, const KvRows& src,
                              int64_t first, int64_t n, float* HWY_RESTRICT dst) {
-  const int64_t dv = a.head_dim_v;
-  if (src.type != Storage::kF32) {
-    WidenKvRows(d, src, true, first, n, dv, dst);
-    return;
-  }
-  for (int64_t j = 0; j < n; ++j) {
-    std::memcpy(dst + j * dv, src.VRow(first + j), static_cast<size_t>(dv) * 4);
-  }
+  WidenKvRows(d, src, true, first, n, a.head_dim_v, dst);
 }
 
 // Packs group `group` in AmxPackedKv's layout into dst. Vᵀ goes 32 keys at
@@ -174,16 +167,16 @@ inline void PackKvAmx(const AttentionArgs& a, int64_t group,
   const KvRows src(a, b, hkv);
   const int64_t dk = a.head_dim_qk, dv = a.head_dim_v;
   std::memset(k, 0, static_cast<size_t>((p.keys * p.dk32 + p.dv32 * p.keys) * 2));
-  for (int64_t j = 0; j < n; ++j) RowToBf16(src.type, src.KRow(j), dk, k + j * p.dk32);
+  for (int64_t j = 0; j < n; ++j) RowToBf16(src.k_type, src.KRow(j), dk, k + j * p.dk32);
   uint32_t* pairs = reinterpret_cast<uint32_t*>(scratch);
   uint16_t* rows16 = reinterpret_cast<uint16_t*>(pairs + 16 * dv);  // 32 x Dv
   const uint32_t* rows[16];
   for (int64_t j0 = 0; j0 < n; j0 += 32) {
     const int64_t nk = std::min<int64_t>(32, n - j0);
-    if (src.type == Storage::kBF16) {
+    if (src.v_type == Storage::kBF16) {
       PairValueRuns(src, j0, nk, dv, pairs);
     } else {  // rounded to bf16 first (ExecutionOptions::allow_bf16_compute)
-      for (int64_t r = 0; r < nk; ++r) RowToBf16(src.type, src.VRow(j0 + r), dv, rows16 + r * dv);
+      for (int64_t r = 0; r < nk; ++r) RowToBf16(src.v_type, src.VRow(j0 + r), dv, rows16 + r * dv);
       PairValueRows(rows16, dv, nk, dv, pairs);
     }
     const int64_t np = (nk + 1) / 2;

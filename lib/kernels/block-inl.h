@@ -12,10 +12,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "hwy/highway.h"
 #include "lib/kernels/convert-inl.h"
+#include "lib/kernels/dequant-inl.h"
 #include "lib/kernels/kernels.h"
 #include "lib/kernels/mask-inl.h"
 #include "lib/kernels/score_mods-inl.h"
@@ -105,13 +107,15 @@ inline int64_t FillRowTable(const AttentionArgs& a, int64_t block,
   return rows;
 }
 
-// The K/V rows of one (batch, KV head) group in their storage type. Dense
-// K/V: row j at k + j * k_row bytes. Paged (AttentionArgs::block_table):
-// row j in page block_table[j / block_size] at row j % block_size, so rows
-// are consecutive in memory only within a page (RunEnd).
+// The K/V rows of one (batch, KV head) group in their storage types (K's
+// and V's each their own). Dense K/V: row j at k + j * k_row bytes. Paged
+// (AttentionArgs::block_table): row j in page block_table[Page(j)]
+// at row j % block_size, so rows are consecutive in memory only within a
+// page (RunEnd). int8 rows have a per-row scale (KScale, VScale) at the
+// same (page,) head and row of the scale views; fp8 one per tensor.
 struct KvRows {
-  Storage type;
-  int64_t size;  // bytes per element
+  Storage type;            // K's and V's common type, or kMixed
+  Storage k_type, v_type;
   const char* k;  // row 0 (dense) or row 0 of page 0 (paged)
   const char* v;
   int64_t k_row, v_row;    // bytes between rows
@@ -119,21 +123,36 @@ struct KvRows {
   const int32_t* table;    // null: dense
   int64_t block_size;
   int block_shift;         // log2(block_size) when a power of two, else -1
+  const float* k_scales;   // int8: row 0's scale (as k); else null
+  const float* v_scales;
+  int64_t ks_row, vs_row, ks_page, vs_page;  // floats between scales
+  float k_scale, v_scale;  // fp8: the tensors' scales
 
   KvRows(const AttentionArgs& a, int64_t b, int64_t hkv)
       : type(a.kv_type),
-        size(type == Storage::kF32 ? 4 : 2),
+        k_type(a.k_type),
+        v_type(a.v_type),
         k(static_cast<const char*>(a.k) +
-          ((a.block_table != nullptr ? 0 : b * a.k_strides[0]) + hkv * a.k_strides[1]) * size),
+          ((a.block_table != nullptr ? 0 : b * a.k_strides[0]) + hkv * a.k_strides[1]) *
+              StorageBytes(a.k_type)),
         v(static_cast<const char*>(a.v) +
-          ((a.block_table != nullptr ? 0 : b * a.v_strides[0]) + hkv * a.v_strides[1]) * size),
-        k_row(a.k_strides[2] * size),
-        v_row(a.v_strides[2] * size),
-        k_page(a.k_strides[0] * size),
-        v_page(a.v_strides[0] * size),
+          ((a.block_table != nullptr ? 0 : b * a.v_strides[0]) + hkv * a.v_strides[1]) *
+              StorageBytes(a.v_type)),
+        k_row(a.k_strides[2] * StorageBytes(a.k_type)),
+        v_row(a.v_strides[2] * StorageBytes(a.v_type)),
+        k_page(a.k_strides[0] * StorageBytes(a.k_type)),
+        v_page(a.v_strides[0] * StorageBytes(a.v_type)),
         table(a.block_table),
         block_size(a.block_size),
-        block_shift(Log2IfPow2(a.block_size)) {}
+        block_shift(Log2IfPow2(a.block_size)),
+        k_scales(ScaleBase(a.k_scales, a.k_scale_strides, a.block_table, b, hkv)),
+        v_scales(ScaleBase(a.v_scales, a.v_scale_strides, a.block_table, b, hkv)),
+        ks_row(a.k_scale_strides[2]),
+        vs_row(a.v_scale_strides[2]),
+        ks_page(a.k_scale_strides[0]),
+        vs_page(a.v_scale_strides[0]),
+        k_scale(a.k_scale),
+        v_scale(a.v_scale) {}
 
   static int Log2IfPow2(int64_t n) {
     if (n <= 0 || (n & (n - 1)) != 0) return -1;
@@ -149,6 +168,12 @@ struct KvRows {
     return block_shift >= 0 ? j & (block_size - 1) : j % block_size;
   }
 
+  static const float* ScaleBase(const float* s, const int64_t* st,
+                                const int32_t* table, int64_t b, int64_t hkv) {
+    if (s == nullptr) return nullptr;
+    return s + (table != nullptr ? 0 : b * st[0]) + hkv * st[1];
+  }
+
   const char* KRow(int64_t j) const {
     if (table == nullptr) return k + j * k_row;
     return k + table[Page(j)] * k_page + Row(j) * k_row;
@@ -156,6 +181,28 @@ struct KvRows {
   const char* VRow(int64_t j) const {
     if (table == nullptr) return v + j * v_row;
     return v + table[Page(j)] * v_page + Row(j) * v_row;
+  }
+  // Row j's scale: int8's own, fp8's tensor scale, 1 otherwise (q8_0's are
+  // in its blocks).
+  float KScale(int64_t j) const { return RowScale(k_scales, ks_row, ks_page, k_scale, j); }
+  float VScale(int64_t j) const { return RowScale(v_scales, vs_row, vs_page, v_scale, j); }
+  float RowScale(const float* s, int64_t row, int64_t page, float tensor,
+                 int64_t j) const {
+    if (s == nullptr) return tensor;
+    if (table == nullptr) return s[j * row];
+    return s[table[Page(j)] * page + Row(j) * row];
+  }
+  // Row j's K (V) scale as a pointer and the floats to the next row's
+  // within its run (0 for fp8's tensor scale).
+  const float* KScaleAt(int64_t j) const { return ScaleAt(k_scales, ks_row, ks_page, &k_scale, j); }
+  const float* VScaleAt(int64_t j) const { return ScaleAt(v_scales, vs_row, vs_page, &v_scale, j); }
+  int64_t KScaleStride() const { return k_scales != nullptr ? ks_row : 0; }
+  int64_t VScaleStride() const { return v_scales != nullptr ? vs_row : 0; }
+  const float* ScaleAt(const float* s, int64_t row, int64_t page,
+                       const float* tensor, int64_t j) const {
+    if (s == nullptr) return tensor;
+    if (table == nullptr) return s + j * row;
+    return s + table[Page(j)] * page + Row(j) * row;
   }
   // The end of the run of rows consecutive in memory that holds row j.
   int64_t RunEnd(int64_t j) const {
@@ -176,16 +223,40 @@ struct KvRows {
   }
 };
 
-// Rows [first, first + n) of K (values = false) or V, stored as 16-bit
-// `type`, widened into dst ([n][cols] floats).
+// Row j of K (values = false) or V, `cols` values, as f32 into dst: copied
+// (f32), widened (f16, bf16) or dequantized with the row's scale.
+template <class D>
+HWY_INLINE void WidenKvRow(D d, const KvRows& src, bool values, int64_t j,
+                           int64_t cols, float* HWY_RESTRICT dst) {
+  const Storage type = values ? src.v_type : src.k_type;
+  const char* row = values ? src.VRow(j) : src.KRow(j);
+  if (type == Storage::kF32) {
+    std::memcpy(dst, row, static_cast<size_t>(cols) * sizeof(float));
+  } else if (IsWideStorage(type)) {
+    WidenRow(d, reinterpret_cast<const uint16_t*>(row), type, cols, dst);
+  } else {
+    DequantRow(d, reinterpret_cast<const uint8_t*>(row), type,
+               values ? src.VScale(j) : src.KScale(j), cols, dst);
+  }
+}
+
+// Rows [first, first + n) of K (values = false) or V, stored in any type
+// but f32 shared by K and V, as f32 into dst ([n][cols] floats).
 template <class D>
 HWY_INLINE void WidenKvRows(D d, const KvRows& src, bool values, int64_t first,
                             int64_t n, int64_t cols, float* HWY_RESTRICT dst) {
-  const int64_t row = (values ? src.v_row : src.k_row) / src.size;
-  src.ForEachRun(values, first, n, [&](const char* p, int64_t j, int64_t run) {
-    WidenRows(d, reinterpret_cast<const uint16_t*>(p), row, src.type, run, cols,
-              dst + (j - first) * cols);
-  });
+  const Storage type = values ? src.v_type : src.k_type;
+  if (type == Storage::kF16 || type == Storage::kBF16) {
+    const int64_t row = (values ? src.v_row : src.k_row) / 2;
+    src.ForEachRun(values, first, n, [&](const char* p, int64_t j, int64_t run) {
+      WidenRows(d, reinterpret_cast<const uint16_t*>(p), row, type, run, cols,
+                dst + (j - first) * cols);
+    });
+    return;
+  }
+  for (int64_t j = first; j < first + n; ++j) {
+    WidenKvRow(d, src, values, j, cols, dst + (j - first) * cols);
+  }
 }
 
 // Asks for rows [first, first + n) of K and V (clamped to `end`) to be
@@ -196,8 +267,8 @@ inline void PrefetchKvTile(const AttentionArgs& a, const KvRows& src,
                            int64_t first, int64_t n, int64_t end) {
   const int64_t last = std::min(first + n, end);
   if (last <= first) return;
-  const int64_t k_bytes = a.head_dim_qk * src.size;
-  const int64_t v_bytes = a.head_dim_v * src.size;
+  const int64_t k_bytes = StorageRowBytes(src.k_type, a.head_dim_qk);
+  const int64_t v_bytes = StorageRowBytes(src.v_type, a.head_dim_v);
   src.ForEachRun(false, first, last - first, [&](const char* k, int64_t j, int64_t run) {
     const char* v = src.VRow(j);
     for (int64_t r = 0; r < run; ++r, k += src.k_row, v += src.v_row) {
@@ -207,9 +278,9 @@ inline void PrefetchKvTile(const AttentionArgs& a, const KvRows& src,
   });
 }
 
-// One K/V tile as f32 rows: in place for f32 storage (so the tile lies in
-// one run of KvRows::RunEnd), otherwise widened into ktile/vtile once per
-// tile and block (nk x (Dk + Dv) conversions against
+// One K/V tile as f32 rows: in place when K and V are both f32 (so the tile
+// lies in one run of KvRows::RunEnd), otherwise widened or dequantized into
+// ktile/vtile once per tile and block (nk x (Dk + Dv) conversions against
 // 2 x nk x (Dk + Dv) x block-rows FMAs).
 struct KvTile {
   const float* k;
@@ -232,13 +303,15 @@ HWY_INLINE KvTile LoadKvTile(D d, const AttentionArgs& a, const KvRows& src,
   return {ktile, vtile, a.head_dim_qk, a.head_dim_v};
 }
 
-// One row of K or V (`row`, `n` elements) as f32: in place for f32
-// storage, otherwise widened into `tmp`.
+// Row j of K (values = false) or V (`n` elements) as f32: in place for f32
+// storage, otherwise widened or dequantized into `tmp`.
 template <class D>
-HWY_INLINE const float* RowF32(D d, const KvRows& src, const char* row,
+HWY_INLINE const float* RowF32(D d, const KvRows& src, bool values, int64_t j,
                                int64_t n, float* HWY_RESTRICT tmp) {
-  if (src.type == Storage::kF32) return reinterpret_cast<const float*>(row);
-  WidenRow(d, reinterpret_cast<const uint16_t*>(row), src.type, n, tmp);
+  if ((values ? src.v_type : src.k_type) == Storage::kF32) {
+    return reinterpret_cast<const float*>(values ? src.VRow(j) : src.KRow(j));
+  }
+  WidenKvRow(d, src, values, j, n, tmp);
   return tmp;
 }
 

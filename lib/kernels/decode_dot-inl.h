@@ -13,11 +13,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "hwy/highway.h"
 #include "lib/dtype.h"
 #include "lib/kernels/convert-inl.h"
+#include "lib/kernels/dequant-inl.h"
 #include "lib/kernels/types.h"
 
 // Whether this target has the fused decode loop (decode_fused-inl.h): every
@@ -38,9 +40,67 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // K/V elements as stored, widened to f32 in registers as they are loaded.
 // f16 is only used this way where the target converts it in hardware
-// (kKvF16InRegisters); elsewhere the caller widens f16 tiles first.
+// (kKvF16InRegisters); elsewhere the caller widens f16 tiles first. The
+// 8-bit formats (int8, fp8) load unscaled: their per-row or per-tensor
+// scale is applied to the scores and weights (decode_fused-inl.h).
 template <Storage kKv>
-using KvElem = std::conditional_t<kKv == Storage::kF32, float, uint16_t>;
+constexpr bool kKv8 = kKv == Storage::kI8 || kKv == Storage::kE4M3 ||
+                      kKv == Storage::kE5M2;
+
+template <Storage kKv>
+using KvElem = std::conditional_t<
+    kKv == Storage::kF32, float,
+    std::conditional_t<kKv8<kKv> || kKv == Storage::kQ8_0, uint8_t, uint16_t>>;
+
+// LoadKv's values are the stored ones divided by this: e4m3 loads through
+// the hardware f16 conversion as value / 256 (its exponent bias 7 against
+// f16's 15), and the fused loop's scales carry the 256 back. (A scale above
+// 2^120 then overflows; such a scale overflows the larger codes anyway.)
+template <Storage kKv>
+constexpr float kKvLoadUnit =
+    kKv == Storage::kE4M3 && SIMDATTN_HW_F16 != 0 ? 256.0f : 1.0f;
+
+#if SIMDATTN_HW_F16
+// The Lanes(d) e4m3 values at p divided by 256, through f16: the byte
+// sign-extended to 16 bits and shifted left by 7 puts its sign at bit 15
+// and its magnitude at bits 7..13, an f16 of value / 256 (subnormals
+// included); one hardware conversion. NaN (magnitude 0x7F, f16 1.875)
+// mapped to NaN. 5 ops per vector against 11 of LoadFp8AsF32.
+template <class D>
+HWY_INLINE hn::VFromD<D> LoadE4M3ViaF16(D d, const uint8_t* HWY_RESTRICT p) {
+  const hn::Rebind<int8_t, D> d8;
+  const hn::Rebind<int16_t, D> d16;
+  const hn::Rebind<hwy::float16_t, D> dh;
+  const auto s = hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p)));
+  const auto h = hn::And(hn::ShiftLeft<7>(s), hn::Set(d16, static_cast<int16_t>(-16512)));
+  const auto x = hn::PromoteTo(d, hn::BitCast(dh, h));  // 0xBF80 above
+  const auto nan = hn::Eq(hn::Abs(x), hn::Set(d, 1.875f));
+  return hn::IfThenElse(nan, hn::Set(d, std::numeric_limits<float>::quiet_NaN()), x);
+}
+
+// The Lanes(d) e5m2 values at p: the upper byte of an f16.
+template <class D>
+HWY_INLINE hn::VFromD<D> LoadE5M2ViaF16(D d, const uint8_t* HWY_RESTRICT p) {
+  const hn::Rebind<uint8_t, D> d8;
+  const hn::Rebind<uint16_t, D> d16;
+  const hn::Rebind<hwy::float16_t, D> dh;
+  const auto h = hn::ShiftLeft<8>(hn::PromoteTo(d16, hn::LoadU(d8, p)));
+  return hn::PromoteTo(d, hn::BitCast(dh, h));
+}
+#endif
+
+// The f16 at p (a q8_0 block's scale) as f32.
+HWY_INLINE float LoadF16Scalar(const uint8_t* HWY_RESTRICT p) {
+#if SIMDATTN_HW_F16
+  const hn::CappedTag<float, 1> d1;
+  const hn::Rebind<hwy::float16_t, decltype(d1)> dh1;
+  return hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh1, reinterpret_cast<const hwy::float16_t*>(p))));
+#else
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return F16ToF32(bits);
+#endif
+}
 
 constexpr bool kKvF16InRegisters = SIMDATTN_HW_F16 != 0;
 
@@ -56,9 +116,35 @@ HWY_INLINE hn::VFromD<D> LoadKv(D d, const KvElem<kKv>* HWY_RESTRICT p) {
     (void)p;
     return hn::Zero(d);  // not used: these targets widen f16 tiles first
 #endif
+  } else if constexpr (kKv == Storage::kI8) {
+    return LoadI8AsF32(d, reinterpret_cast<const int8_t*>(p));
+  } else if constexpr (kKv8<kKv>) {
+#if SIMDATTN_HW_F16
+    if constexpr (kKv == Storage::kE4M3) {
+      return LoadE4M3ViaF16(d, p);
+    } else {
+      return LoadE5M2ViaF16(d, p);
+    }
+#else
+    return LoadFp8AsF32<kKv>(d, p);
+#endif
   } else {
     const hn::Rebind<hwy::bfloat16_t, D> dbf;
     return hn::PromoteTo(d, hn::LoadU(dbf, reinterpret_cast<const hwy::bfloat16_t*>(p)));
+  }
+}
+
+// Elements [i, i + Lanes(d)) of the row at `row` (i a multiple of
+// Lanes(d)): LoadKv(row + i), except q8_0, whose element i lies in block
+// i / 32 and is multiplied by that block's f16 scale (Lanes(d) divides 32).
+template <Storage kKv, class D>
+HWY_INLINE hn::VFromD<D> LoadKvAt(D d, const KvElem<kKv>* HWY_RESTRICT row, int64_t i) {
+  if constexpr (kKv == Storage::kQ8_0) {
+    const uint8_t* block = row + (i / kQ8Block) * kQ8BlockBytes;
+    const auto q = LoadI8AsF32(d, reinterpret_cast<const int8_t*>(block + 2 + i % kQ8Block));
+    return hn::Mul(q, hn::Set(d, LoadF16Scalar(block)));
+  } else {
+    return LoadKv<kKv>(d, row + i);
   }
 }
 
@@ -68,6 +154,8 @@ HWY_INLINE float KvToF32(KvElem<kKv> x) {
     return x;
   } else if constexpr (kKv == Storage::kF16) {
     return F16ToF32(x);
+  } else if constexpr (kKv8<kKv>) {
+    return QuantValue(kKv, &x, 0);
   } else {
     return BF16ToF32(x);
   }
@@ -167,8 +255,8 @@ HWY_INLINE void DotStep(D d, int64_t i, const float* HWY_RESTRICT q, int64_t q_r
     pf.K(j + 2, i * kElem, bytes);
     pf.K(j + 3, i * kElem, bytes);
   }
-  auto x0 = LoadKv<kKv>(d, k0 + i), x1 = LoadKv<kKv>(d, k1 + i);
-  auto x2 = LoadKv<kKv>(d, k2 + i), x3 = LoadKv<kKv>(d, k3 + i);
+  auto x0 = LoadKvAt<kKv>(d, k0, i), x1 = LoadKvAt<kKv>(d, k1, i);
+  auto x2 = LoadKvAt<kKv>(d, k2, i), x3 = LoadKvAt<kKv>(d, k3, i);
   InRegister(x0), InRegister(x1), InRegister(x2), InRegister(x3);
   const int64_t iq = i * kQStep;
   if constexpr (kRows > 0) DotRow(d, q + iq, x0, x1, x2, x3, a00, a01, a02, a03);

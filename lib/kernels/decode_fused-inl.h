@@ -1,6 +1,6 @@
-// Fused decode for 16-bit K/V without options: each group of 4 keys gets its
-// scores, its online-softmax step and its P·V products, so that K and V are
-// read side by side as two sequential streams. f32 K/V keep the tile path
+// Fused decode for 16-bit and 8-bit (int8, fp8) K/V without options: each
+// group of 4 keys gets its scores, its online-softmax step and its P·V
+// products, so that K and V are read side by side as two sequential streams. f32 K/V keep the tile path
 // and its runs (decode-inl.h): fused, they read 7-14% slower.
 // Per-target code (include from a foreach_target translation unit).
 
@@ -180,8 +180,8 @@ HWY_INLINE void FusedValues(D d, const float* HWY_RESTRICT p,
   BroadcastWeights(d, p + 12, w30, w31, w32, w33);
 #pragma GCC unroll 16
   for (int64_t e = 0; e < dv; e += N) {
-    auto x0 = LoadKv<kKv>(d, vj + e), x1 = LoadKv<kKv>(d, vj + v_row + e);
-    auto x2 = LoadKv<kKv>(d, vj + 2 * v_row + e), x3 = LoadKv<kKv>(d, vj + 3 * v_row + e);
+    auto x0 = LoadKvAt<kKv>(d, vj, e), x1 = LoadKvAt<kKv>(d, vj + v_row, e);
+    auto x2 = LoadKvAt<kKv>(d, vj + 2 * v_row, e), x3 = LoadKvAt<kKv>(d, vj + 3 * v_row, e);
     InRegister(x0), InRegister(x1), InRegister(x2), InRegister(x3);
     FusedPvRow(d, w00, w01, w02, w03, x0, x1, x2, x3, o + e);
     if constexpr (kRows > 1) FusedPvRow(d, w10, w11, w12, w13, x0, x1, x2, x3, o + dv + e);
@@ -195,36 +195,45 @@ HWY_INLINE void FusedValues(D d, const float* HWY_RESTRICT p,
 }
 
 // Where DecodeFused finds its keys' rows: K(j) and V(j) for key j of the
-// call (a multiple of 4; the group's 4 rows follow at k_row and v_row).
+// call (a multiple of 4; the group's 4 rows follow at k_row and v_row
+// elements), and for 8-bit K/V their scales: KS(j), VS(j), the group's
+// next at ks_row and vs_row floats (0: fp8's one scale per tensor).
 // Rows of consecutive keys one stride apart:
 template <class T>
 struct StridedRows {
   const T* k;
   const T* v;
   int64_t k_row, v_row;
+  const float* ks;
+  const float* vs;
+  int64_t ks_row, vs_row;
   HWY_INLINE const T* K(int64_t j) const { return k + j * k_row; }
   HWY_INLINE const T* V(int64_t j) const { return v + j * v_row; }
+  HWY_INLINE const float* KS(int64_t j) const { return ks + j * ks_row; }
+  HWY_INLINE const float* VS(int64_t j) const { return vs + j * vs_row; }
 };
-// Rows of a paged cache (KvRows), from key `first` on:
-template <class T>
+// Rows of a paged cache (Src: block-inl.h's KvRows), from key `first` on:
+template <class T, class Src>
 struct PagedRows {
-  const KvRows* src;
+  const Src* src;
   int64_t first;
   int64_t k_row, v_row;
+  int64_t ks_row, vs_row;
   HWY_INLINE const T* K(int64_t j) const {
     return reinterpret_cast<const T*>(src->KRow(first + j));
   }
   HWY_INLINE const T* V(int64_t j) const {
     return reinterpret_cast<const T*>(src->VRow(first + j));
   }
+  HWY_INLINE const float* KS(int64_t j) const { return src->KScaleAt(first + j); }
+  HWY_INLINE const float* VS(int64_t j) const { return src->VScaleAt(first + j); }
 };
 
-// Asks for the 4 K rows (dk elements each) and 4 V rows (dv) of a group
+// Asks for the 4 K rows (k_bytes each) and 4 V rows (v_bytes) of a group
 // into L2.
 template <class T>
-HWY_INLINE void PrefetchFusedGroup(const T* k, int64_t k_row, int64_t dk, const T* v,
-                                   int64_t v_row, int64_t dv) {
-  const int64_t k_bytes = dk * int64_t{sizeof(T)}, v_bytes = dv * int64_t{sizeof(T)};
+HWY_INLINE void PrefetchFusedGroup(const T* k, int64_t k_row, int64_t k_bytes,
+                                   const T* v, int64_t v_row, int64_t v_bytes) {
   for (int r = 0; r < 4; ++r) {
     const char* kr = reinterpret_cast<const char*>(k + r * k_row);
     const char* vr = reinterpret_cast<const char*>(v + r * v_row);
@@ -253,6 +262,12 @@ HWY_INLINE void PrefetchFusedGroup(const T* k, int64_t k_row, int64_t dk, const 
 // Tuned on the Zen 5 (f16, Lk 16384, 1 thread, rows one after another): pipelined without prefetch
 // 17.0 GB/s, with the tile path's prefetches 8.3, not pipelined 10.8. Entry:
 // paired/qf32kvf16/B1_Hq32_Hkv8_Lq1_Lk16384_D128/none/read_vs_simdattn/threads:1
+// 8-bit K/V (int8, fp8; kKv8) load their values unscaled: key j's scale
+// ks[j * ks_row] multiplies its scores (s_j = ks_j (q · k_j)) and
+// vs[j * vs_row] its weights for P·V (not for l), so that each element
+// costs a conversion and no multiply (fp8's per-tensor scale: a row
+// stride of 0). 16-bit and q8_0 K/V (its scales are in its blocks:
+// LoadKvAt) take no scales (null).
 template <int kRows, Storage kKv, class D, class Rows>
 HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
                             const Rows& rows, int64_t dv, int64_t nk, int64_t ahead,
@@ -260,7 +275,8 @@ HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
                             float* HWY_RESTRICT o) {
   const int64_t k_row = rows.k_row, v_row = rows.v_row;
   static_assert(kKv != Storage::kF32 && kRows >= 1 && kRows <= 4,
-                "16-bit K/V, 1-4 rows");
+                "16-bit or 8-bit K/V, 1-4 rows");
+  constexpr bool kScaled = kKv8<kKv>;
   // The group's 16 values [row][key] as kParts vectors of dc.
   const hn::CappedTag<float, 16> dc;
   using VC = hn::VFromD<decltype(dc)>;
@@ -295,14 +311,27 @@ HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
       l[r] += (buf[r * 4] + buf[r * 4 + 1]) + (buf[r * 4 + 2] + buf[r * 4 + 3]);
     }
   };
+  // The 4 scales of keys [j, j + 4) repeated for each row's 4 lanes.
+  HWY_ALIGN float scale4[4];
+  const auto scales_of = [&](const float* HWY_RESTRICT sp, int64_t row) {
+    for (int64_t c = 0; c < 4; ++c) scale4[c] = sp[c * row];
+    const VC v = hn::LoadDup128(dc, scale4);
+    return kKvLoadUnit<kKv> == 1.0f ? v : hn::Mul(v, hn::Set(dc, kKvLoadUnit<kKv>));
+  };
+  // The scores of the group of keys [j, j + 4) into out.
+  const auto group_scores = [&](int64_t j, VC* out) {
+    V4 s0, s1, s2, s3;
+    FusedScores<kRows, kKv>(d, qp, dk, rows.K(j), k_row, s0, s1, s2, s3);
+    for (size_t i = 0; i < kParts; ++i) out[i] = ScoresPart(dc, i, s0, s1, s2, s3);
+    if constexpr (kScaled) {
+      const VC vks = scales_of(rows.KS(j), rows.ks_row);
+      for (size_t i = 0; i < kParts; ++i) out[i] = hn::Mul(out[i], vks);
+    }
+  };
   load_maxima();
   for (size_t i = 0; i < kParts; ++i) vl[i] = hn::Zero(dc);
   VC sc[kParts];  // this group's scores
-  if (nk >= 4) {
-    V4 s0, s1, s2, s3;
-    FusedScores<kRows, kKv>(d, qp, dk, rows.K(0), k_row, s0, s1, s2, s3);
-    for (size_t i = 0; i < kParts; ++i) sc[i] = ScoresPart(dc, i, s0, s1, s2, s3);
-  }
+  if (nk >= 4) group_scores(0, sc);
   for (int64_t j = 0; j + 4 <= nk; j += 4) {
     bool below = fast;
     for (size_t i = 0; i < kParts; ++i) below = below && hn::AllTrue(dc, hn::Le(sc[i], vm[i]));
@@ -314,23 +343,24 @@ HWY_INLINE void DecodeFused(D d, const float* HWY_RESTRICT q, int64_t dk,
       fast = true;
       for (int64_t r = 0; r < kRows; ++r) fast = fast && std::isfinite(m[r]);
     }
+    VC vvs = hn::Zero(dc);  // V's scales (8-bit K/V)
+    if constexpr (kScaled) vvs = scales_of(rows.VS(j), rows.vs_row);
     for (size_t i = 0; i < kParts; ++i) {
       const VC w = ExpNonPositive(dc, hn::Sub(sc[i], vsub[i]));
-      hn::Store(w, dc, p + i * kLanes);
+      hn::Store(kScaled ? hn::Mul(w, vvs) : w, dc, p + i * kLanes);
       vl[i] = hn::Add(vl[i], w);
     }
     // The next group's scores before this group's products, so that their
     // reduction overlaps the products.
     VC sn[kParts];
     if (j + 8 <= nk) {
-      V4 s0, s1, s2, s3;
-      FusedScores<kRows, kKv>(d, qp, dk, rows.K(j + 4), k_row, s0, s1, s2, s3);
-      for (size_t i = 0; i < kParts; ++i) sn[i] = ScoresPart(dc, i, s0, s1, s2, s3);
+      group_scores(j + 4, sn);
     } else {
       for (size_t i = 0; i < kParts; ++i) sn[i] = sc[i];
     }
     if (ahead > 0 && j + ahead + 4 <= nk) {
-      PrefetchFusedGroup(rows.K(j + ahead), k_row, dk, rows.V(j + ahead), v_row, dv);
+      PrefetchFusedGroup(rows.K(j + ahead), k_row, StorageRowBytes(kKv, dk),
+                         rows.V(j + ahead), v_row, StorageRowBytes(kKv, dv));
     }
     ReloadFromMemory();  // the weights broadcast from p
     FusedValues<kRows, kKv>(d, p, rows.V(j), v_row, dv, o);

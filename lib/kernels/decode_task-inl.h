@@ -51,8 +51,8 @@ HWY_INLINE void PrefetchPagedAhead(const AttentionArgs& a, const KvRows& src,
 // apart (the heads of a [tokens, heads, D] layout share each token's
 // bytes) or in pages.
 HWY_INLINE int64_t FusedAheadKeys(const AttentionArgs& a, const KvRows& src) {
-  const bool apart = src.k_row != a.head_dim_qk * src.size ||
-                     src.v_row != a.head_dim_v * src.size;
+  const bool apart = src.k_row != StorageRowBytes(src.k_type, a.head_dim_qk) ||
+                     src.v_row != StorageRowBytes(src.v_type, a.head_dim_v);
   return apart || src.table != nullptr ? kPagedAheadKeys : 0;
 }
 
@@ -133,8 +133,9 @@ HWY_INLINE void DecodeKeyTile(const AttentionArgs& a, const KvRows& src,
   const int64_t dk = a.head_dim_qk, dv = a.head_dim_v;
   const int64_t ks = a.k_strides[2], vs = a.v_strides[2];
   // f32 and bf16 K/V (and f16 where the target converts it in hardware) are
-  // widened in registers as they are loaded; otherwise tile by tile.
-  if (src.type == Storage::kF16 && !kKvF16InRegisters) {
+  // widened in registers as they are loaded; otherwise (K and V of
+  // different types, quantized formats) widened or dequantized tile by tile.
+  if ((src.type == Storage::kF16 && !kKvF16InRegisters) || !IsWideStorage(src.type)) {
     PrefetchKvTile(a, src, kv_begin + kKeyTile, kKeyTile, kv_end);
     const KvTile t = LoadKvTile(d, a, src, kv_begin, nk, r.ktile, r.vtile);
     DecodeTile<Storage::kF32>(d, r.rows, r.q, dk, t.k, t.k_row, t.v, t.v_row, dv, nk,
@@ -162,6 +163,33 @@ HWY_INLINE void DecodeKeyTile(const AttentionArgs& a, const KvRows& src,
   }
 }
 
+#if SIMDATTN_HAVE_DECODE_FUSED
+// The fused loop over keys [first, first + n) of K/V stored as kKv, from
+// their rows in place (dense, strided or paged), with 8-bit K/V's scales.
+template <Storage kKv, class D>
+HWY_INLINE void FusedKeys(D d, const KvRows& src, const DecodeRows& r, int64_t dk,
+                          int64_t dv, int64_t first, int64_t n, int64_t ahead) {
+  using T = KvElem<kKv>;
+  const int64_t k_row = src.k_row / int64_t{sizeof(T)};
+  const int64_t v_row = src.v_row / int64_t{sizeof(T)};
+  const int64_t ks_row = src.KScaleStride(), vs_row = src.VScaleStride();
+  if (src.table != nullptr) {
+    const PagedRows<T, KvRows> rows{&src, first, k_row, v_row, ks_row, vs_row};
+    DecodeFusedRows<kKv>(d, r.rows, r.q, dk, rows, dv, n, ahead, r.m, r.l, r.o);
+    return;
+  }
+  const StridedRows<T> rows{reinterpret_cast<const T*>(src.KRow(first)),
+                            reinterpret_cast<const T*>(src.VRow(first)),
+                            k_row,
+                            v_row,
+                            src.KScaleAt(first),
+                            src.VScaleAt(first),
+                            ks_row,
+                            vs_row};
+  DecodeFusedRows<kKv>(d, r.rows, r.q, dk, rows, dv, n, ahead, r.m, r.l, r.o);
+}
+#endif
+
 // The keys of [kv_start, kv_end) that a task without options and without
 // per-row cuts runs ahead of its tiles: the fused groups of 4 keys
 // (KernelPath::kDecodeFused), or for f32 K/V whole tiles whose keys come
@@ -178,28 +206,33 @@ HWY_INLINE int64_t DecodeLeadingKeys(const AttentionArgs& a, const Plan& plan,
 #if SIMDATTN_HAVE_DECODE_FUSED
   if (plan.path == KernelPath::kDecodeFused) {
     // Paged K/V: the rows of each group of 4 keys lie in one page (pages
-    // hold multiples of 8 keys, chunks start on multiples of 64).
+    // hold multiples of 8 keys, chunks start on multiples of 64); a window
+    // that starts the keys off the grid of 4 leaves them to the tiles.
     const int64_t n4 = (kv_end - kv_start) / 4 * 4;
     const int64_t ahead = FusedAheadKeys(a, src);
     if (src.table != nullptr) {
-      // A window may start the keys off the grid of 4: the tiles take them.
       if (kv_start % 4 != 0) return kv_start;
       PrefetchKvTile(a, src, kv_start, ahead, kv_end);
-      if (src.type == Storage::kF16) {
-        DecodeFusedRows<Storage::kF16>(d, r.rows, r.q, dk, PagedRows<uint16_t>{&src, kv_start, ks, vs},
-                                       dv, n4, ahead, r.m, r.l, r.o);
-      } else {
-        DecodeFusedRows<Storage::kBF16>(d, r.rows, r.q, dk, PagedRows<uint16_t>{&src, kv_start, ks, vs},
-                                        dv, n4, ahead, r.m, r.l, r.o);
-      }
-      return kv_start + n4;
     }
-    const StridedRows<uint16_t> rows{reinterpret_cast<const uint16_t*>(src.KRow(kv_start)),
-                                     reinterpret_cast<const uint16_t*>(src.VRow(kv_start)), ks, vs};
-    if (src.type == Storage::kF16) {
-      DecodeFusedRows<Storage::kF16>(d, r.rows, r.q, dk, rows, dv, n4, ahead, r.m, r.l, r.o);
-    } else {
-      DecodeFusedRows<Storage::kBF16>(d, r.rows, r.q, dk, rows, dv, n4, ahead, r.m, r.l, r.o);
+    switch (src.type) {
+      case Storage::kF16:
+        FusedKeys<Storage::kF16>(d, src, r, dk, dv, kv_start, n4, ahead);
+        break;
+      case Storage::kBF16:
+        FusedKeys<Storage::kBF16>(d, src, r, dk, dv, kv_start, n4, ahead);
+        break;
+      case Storage::kI8:
+        FusedKeys<Storage::kI8>(d, src, r, dk, dv, kv_start, n4, ahead);
+        break;
+      case Storage::kE4M3:
+        FusedKeys<Storage::kE4M3>(d, src, r, dk, dv, kv_start, n4, ahead);
+        break;
+      case Storage::kE5M2:
+        FusedKeys<Storage::kE5M2>(d, src, r, dk, dv, kv_start, n4, ahead);
+        break;
+      default:
+        FusedKeys<Storage::kQ8_0>(d, src, r, dk, dv, kv_start, n4, ahead);
+        break;
     }
     return kv_start + n4;
   }

@@ -13,12 +13,15 @@
 namespace simdattn {
 
 // One validated call, as the kernels see it; never changed while it runs.
-// Strides are in elements for the (batch, head, sequence) dimensions; the
-// head dimension is contiguous.
+// Strides are in elements (q8_0 K/V: bytes) for the (batch, head, sequence)
+// dimensions; the head dimension is contiguous.
 struct AttentionArgs {
   int64_t batch, q_heads, kv_heads, group, q_len, kv_len;
   int64_t head_dim_qk, head_dim_v;
-  Storage q_type, kv_type, o_type;  // K and V share one storage type
+  Storage q_type, o_type;
+  // K's and V's storage, each its own; kv_type is their common type, or
+  // kMixed when they differ.
+  Storage k_type, v_type, kv_type;
   const void* q;
   int64_t q_strides[3];
   const void* k;
@@ -44,6 +47,16 @@ struct AttentionArgs {
   MaskKind mask_kind;
   const void* mask;
   int64_t mask_strides[4];     // 0 on broadcast dimensions
+  // Quantized K/V (SEMANTICS.md "Quantized KV caches"): int8's per-row f32
+  // scales (null otherwise), strides in floats for (batch, head, row), or
+  // (page, head, row) when paged; fp8's per-tensor scale (1 otherwise).
+  // q8_0 rows carry their own scales, and their strides are in bytes.
+  const float* k_scales = nullptr;
+  int64_t k_scale_strides[3] = {0, 0, 0};
+  const float* v_scales = nullptr;
+  int64_t v_scale_strides[3] = {0, 0, 0};
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
   // Paged K/V (PagedAttention; batch is then 1): key j lies in page
   // block_table[j / block_size] at row j % block_size, pages k_strides[0]
   // (v_strides[0]) elements apart. Null: dense K/V.

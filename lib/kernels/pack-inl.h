@@ -93,7 +93,7 @@ inline void PackKvF32(const AttentionArgs& a, int64_t group,
     const int64_t w = std::min(T, n - j0);
     const float* rows[T];
     for (int64_t r = 0; r < w; ++r) {
-      rows[r] = RowF32(d, src, src.KRow(j0 + r), dk, scratch + r * dk);
+      rows[r] = RowF32(d, src, false, j0 + r, dk, scratch + r * dk);
     }
     float* HWY_RESTRICT out = kp + j0 * dk;
     int64_t i = 0;
@@ -123,7 +123,7 @@ inline void PackKvF32(const AttentionArgs& a, int64_t group,
   const hn::CappedTag<float, T> dg;
   const int64_t G = static_cast<int64_t>(hn::Lanes(dg));
   for (int64_t j = 0; j < n; ++j) {
-    const float* row = RowF32(d, src, src.VRow(j), dv, scratch);
+    const float* row = RowF32(d, src, true, j, dv, scratch);
     for (int64_t e = 0; e < full; e += T) {
       float* HWY_RESTRICT out = vp + e * n + j * T;
       for (int64_t c = 0; c < T; c += G) {

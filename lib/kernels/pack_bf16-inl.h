@@ -46,7 +46,7 @@ inline void KeyRowPairs(const uint16_t* HWY_RESTRICT row, int64_t dk,
 // of 8, so no pair spans two.
 inline void PairValueRuns(const KvRows& src, int64_t first, int64_t nk,
                           int64_t dv, uint32_t* HWY_RESTRICT out) {
-  const int64_t row = src.v_row / src.size;
+  const int64_t row = src.v_row / 2;  // bf16
   src.ForEachRun(true, first, nk, [&](const char* p, int64_t j, int64_t run) {
     PairValueRows(reinterpret_cast<const uint16_t*>(p), row, run, dv,
                   out + (j - first) / 2 * dv);

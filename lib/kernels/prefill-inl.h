@@ -240,12 +240,14 @@ HWY_INLINE void TiledBlock(const AttentionArgs& a, const Plan& plan,
 enum class Bf16Path { kWidened, kNative, kAmx, kAmxEmulated };
 
 // Whether a call runs on the AMX tiles of entry kPath: bf16 Q, K and V (or
-// any storage with ExecutionOptions::allow_bf16_compute) on the tiled
-// kernel.
+// f32/f16/bf16 ones with ExecutionOptions::allow_bf16_compute) on the
+// tiled kernel.
 template <Bf16Path kPath>
 HWY_INLINE bool AmxCall(const AttentionArgs& a, const Plan& plan) {
   return (kPath == Bf16Path::kAmx || kPath == Bf16Path::kAmxEmulated) &&
-         (a.bf16_compute || (a.q_type == Storage::kBF16 && a.kv_type == Storage::kBF16)) &&
+         ((a.bf16_compute && IsWideStorage(a.q_type) && IsWideStorage(a.k_type) &&
+           IsWideStorage(a.v_type)) ||
+          (a.q_type == Storage::kBF16 && a.kv_type == Storage::kBF16)) &&
          plan.path == KernelPath::kTiled;
 }
 

@@ -2,6 +2,7 @@
 
     out = simdattn.attention(q, k, v, causal=True, alignment="bottom-right")
     simdattn.append_kv(k_new, v_new, k_cache, v_cache, slot_mapping)
+    k8, k_scales = simdattn.quantize_kv(k, "int8")
     out = simdattn.paged_attention(q, k_cache, v_cache, block_table, kv_lens)
     out, lse = simdattn.merge_states([o1, o2], [lse1, lse2])
 
@@ -17,12 +18,16 @@ import math as _math
 from . import _simdattn
 
 __all__ = ["append_kv", "attention", "merge_states", "paged_attention", "info",
-           "__version__"]
+           "quantize_kv", "__version__"]
 
 __version__ = _simdattn.version()
 
 _F32, _F16, _BF16, _BOOL = 0, 1, 2, 3
 _I32, _I64 = 4, 5
+# Quantized K/V formats (SEMANTICS.md "Quantized KV caches") and the
+# largest finite fp8 values.
+_FORMATS = {"int8": 6, "q8_0": 7, "fp8_e4m3": 8, "fp8_e5m2": 9}
+_FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
 _ERRORS = {
     _simdattn.INVALID_ARGUMENT: ValueError,
     _simdattn.UNIMPLEMENTED: NotImplementedError,
@@ -109,6 +114,77 @@ def _describe(x, name, allowed=(_F32, _F16, _BF16)):
         return _Operand(address, code, x.shape, strides, False, x.flags.writeable)
     raise TypeError(f"{name} must be a NumPy array or a torch tensor, "
                     f"got {type(x).__name__}")
+
+
+def _describe_quantized(x, name, fmt):
+    """A K or V array stored in quantized format `fmt` (uint8 or int8 bytes;
+    q8_0: the last dimension holds D / 32 blocks of 34 bytes), as the
+    logical operand of D values per row (strides in bytes)."""
+    if fmt not in _FORMATS:
+        raise ValueError(f"{name} format = {fmt!r}: must be one of "
+                         f"{', '.join(_FORMATS)} (or None)")
+    if _is_torch(x):
+        import torch
+        if x.device.type != "cpu":
+            raise ValueError(f"{name} is on {x.device}: simdattn reads CPU tensors")
+        if x.dtype not in (torch.uint8, torch.int8):
+            raise ValueError(f"{name}.dtype = {x.dtype}: a {fmt} array must be uint8 or int8")
+        op = _Operand(x.data_ptr(), _FORMATS[fmt], x.shape, x.stride(), True, True)
+    elif _is_numpy(x):
+        if x.dtype.itemsize != 1 or x.dtype.kind not in "ui":
+            raise ValueError(f"{name}.dtype = {x.dtype}: a {fmt} array must be uint8 or int8")
+        op = _Operand(x.__array_interface__["data"][0], _FORMATS[fmt], x.shape,
+                      x.strides, False, x.flags.writeable)
+    else:
+        raise TypeError(f"{name} must be a NumPy array or a torch tensor, "
+                        f"got {type(x).__name__}")
+    if fmt == "q8_0" and len(op.shape) > 0:
+        if op.shape[-1] % 34 != 0:
+            raise ValueError(f"{name}.shape[-1] = {op.shape[-1]}: a q8_0 row is "
+                             "D / 32 blocks of 34 bytes")
+        op.shape = op.shape[:-1] + (op.shape[-1] // 34 * 32,)
+    return op
+
+
+def _kv_operand(x, name, fmt):
+    return _describe(x, name) if fmt is None else _describe_quantized(x, name, fmt)
+
+
+def _kv_scales(fmt, scale, name, op_shape, swap):
+    """The scale of a K or V in format `fmt`: for int8 the operand of its
+    per-row float32 scales (op_shape[:3] as given by the caller: swap says
+    whether its dimensions 1 and 2 are the logical ones swapped), for fp8
+    the float; (operand or None, float)."""
+    if fmt == "int8":
+        if scale is None:
+            raise ValueError(f"{name}: an int8 array needs its per-token scales")
+        op = _describe(scale, name, (_F32,))
+        if len(op.shape) != 3:
+            raise ValueError(f"{name} has shape {op.shape}: must be 3-D, one "
+                             "scale per token and head")
+        op.shape += (1,)
+        op.strides += (1,)
+        if swap:
+            op.shape = (op.shape[0], op.shape[2], op.shape[1], 1)
+            op.strides = (op.strides[0], op.strides[2], op.strides[1], 1)
+        return op, 1.0
+    if fmt in _FP8_MAX:
+        value = 1.0 if scale is None else scale
+        if not isinstance(value, (int, float)):
+            raise ValueError(f"{name} = {scale!r}: an fp8 scale is a number")
+        return None, float(value)
+    if scale is not None:
+        raise ValueError(f"{name} is set but the format is {fmt or 'unquantized'}: "
+                         "only int8 (per-token) and fp8 (per-tensor) take scales")
+    return None, 1.0
+
+
+def _set_kv_scales(options, k_format, v_format, k_scale, v_scale, k_shape, v_shape, swap):
+    k_op, k_value = _kv_scales(k_format, k_scale, "k_scale", k_shape, swap)
+    v_op, v_value = _kv_scales(v_format, v_scale, "v_scale", v_shape, swap)
+    options.set_kv_scales(None if k_op is None else k_op.as_tuple(),
+                          None if v_op is None else v_op.as_tuple(),
+                          True, k_value, v_value)
 
 
 def _four_d(op, name, layout):
@@ -231,15 +307,20 @@ def _outputs(q, v, out, return_lse, layout):
 def attention(q, k, v, *, out=None, return_lse=False, layout="bhsd", scale=None,
               causal=False, alignment=None, mask=None, kv_lengths=None,
               window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
-              dropout_p=0.0, seed=0, threads=None, target=None,
-              allow_bf16_compute=False):
+              dropout_p=0.0, seed=0, threads=None, target=None, k_format=None,
+              v_format=None, k_scale=None, v_scale=None, allow_bf16_compute=False):
     """O = softmax(scale * Q K^T + options) V, fused, on the CPU.
 
     q [B, Hq, Lq, Dk], k [B, Hkv, Lk, Dk], v [B, Hkv, Lk, Dv] in `layout`
     "bhsd" (PyTorch's) or "bshd" ([B, S, H, D], the engines' KV caches):
     NumPy arrays (float32, float16) or PyTorch CPU tensors (also
     bfloat16), any strides with a contiguous last dimension, read in place.
-    Hq is a multiple of Hkv (GQA, MQA). K and V share one dtype.
+    Hq is a multiple of Hkv (GQA, MQA). K and V may differ in dtype.
+    k_format / v_format: "int8", "q8_0", "fp8_e4m3" or "fp8_e5m2" when k / v
+    hold a quantized KV cache (uint8 or int8 arrays, as quantize_kv makes
+    them; q8_0's last dimension is D / 32 * 34 bytes); k_scale / v_scale:
+    int8's per-token float32 scales ([B, Hkv, Lk], or [B, Lk, Hkv] with
+    "bshd"), fp8's per-tensor float (default 1).
 
     out: written in place and returned (same layout, [B, Lq, Hq, Dv] for
     "bshd"); by default a new array of q's kind and dtype. return_lse: also
@@ -272,8 +353,8 @@ def attention(q, k, v, *, out=None, return_lse=False, layout="bhsd", scale=None,
                          "or 'bottom-right'")
     _check_scalars(scale, window, softcap, dropout_p, seed, threads, target)
     qo = _four_d(_describe(q, "q"), "q", layout)
-    ko = _four_d(_describe(k, "k"), "k", layout)
-    vo = _four_d(_describe(v, "v"), "v", layout)
+    ko = _four_d(_kv_operand(k, "k", k_format), "k", layout)
+    vo = _four_d(_kv_operand(v, "v", v_format), "v", layout)
     mo = _mask(mask)
     slopes, slopes_mem = _vector(alibi_slopes, "alibi_slopes", qo.shape[1], False)
     sink, sink_mem = _vector(sinks, "sinks", qo.shape[1], False)
@@ -283,6 +364,8 @@ def attention(q, k, v, *, out=None, return_lse=False, layout="bhsd", scale=None,
         scale is not None, 0.0 if scale is None else float(scale), bool(causal),
         _ALIGNMENTS[alignment], int(window[0]), int(window[1]), float(softcap),
         slopes, sink, lengths, float(dropout_p), int(seed))
+    _set_kv_scales(options, k_format, v_format, k_scale, v_scale, ko.shape, vo.shape,
+                   layout == "bshd")
     status, message, _, _ = _simdattn.attention(
         qo.as_tuple(), ko.as_tuple(), vo.as_tuple(), oo.as_tuple(),
         None if lse_op is None else lse_op.as_tuple(),
@@ -312,11 +395,11 @@ def _token_rows(x, name, writable=False):
     return op
 
 
-def _paged(x, name, kv_layout, writable=True):
+def _paged(x, name, kv_layout, writable=True, fmt=None):
     """A cache [num_blocks, block_size, heads, d] ("NHD") or [num_blocks,
     heads, block_size, d] ("HND") as the logical [num_blocks, heads,
-    block_size, d]."""
-    op = _describe(x, name)
+    block_size, d]; in quantized format `fmt` when given."""
+    op = _kv_operand(x, name, fmt)
     if len(op.shape) != 4:
         raise ValueError(f"{name} has {len(op.shape)} dimensions, shape {op.shape}: "
                          f"must be 4-D ({kv_layout})")
@@ -521,7 +604,8 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, *, cu_seqlens_q=N
                     out=None, return_lse=False, scale=None, causal=True,
                     window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
                     dropout_p=0.0, seed=0, kv_layout="NHD", threads=None,
-                    target=None):
+                    target=None, k_format=None, v_format=None, k_scale=None,
+                    v_scale=None):
     """Attention of a ragged batch of sequences against a paged KV cache.
 
     q [total_q, Hq, Dk]: the queries of every sequence, sequence s owning
@@ -541,13 +625,16 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, *, cu_seqlens_q=N
     softcap, alibi_slopes, sinks, dropout_p and seed are attention()'s,
     per sequence (dropout's batch index is the sequence's). A sequence
     without keys gives zeros (LSE -inf, or its sink). Errors as attention().
+    k_format, v_format, k_scale, v_scale: quantized caches as attention()
+    takes them; int8's scales are [num_blocks, block_size, Hkv] ("NHD")
+    or [num_blocks, Hkv, block_size] ("HND"), one per slot.
     """
     if kv_layout not in ("NHD", "HND"):
         raise ValueError(f"kv_layout = {kv_layout!r}: must be 'NHD' or 'HND'")
     _check_scalars(scale, window, softcap, dropout_p, seed, threads, target)
     qo = _token_rows(q, "q")
-    ko = _paged(k_cache, "k_cache", kv_layout, writable=False)
-    vo = _paged(v_cache, "v_cache", kv_layout, writable=False)
+    ko = _paged(k_cache, "k_cache", kv_layout, writable=False, fmt=k_format)
+    vo = _paged(v_cache, "v_cache", kv_layout, writable=False, fmt=v_format)
     table, table_shape, table_mem = _int32_rows(block_table, "block_table", 2)
     lens, lens_shape, lens_mem = _int32_rows(kv_lens, "kv_lens", 1)
     num_seqs = lens_shape[0]
@@ -576,6 +663,8 @@ def paged_attention(q, k_cache, v_cache, block_table, kv_lens, *, cu_seqlens_q=N
         scale is not None, 0.0 if scale is None else float(scale), bool(causal),
         _ALIGNMENTS["bottom-right"], int(window[0]), int(window[1]), float(softcap),
         slopes, sink, (0, 0, _I64), float(dropout_p), int(seed))
+    _set_kv_scales(options, k_format, v_format, k_scale, v_scale, ko.shape, vo.shape,
+                   kv_layout == "NHD")
     arrays = _simdattn.PagedArrays(table, table_shape[1], table_shape[1], lens,
                                    num_seqs, cu)
     status, message, _, _ = _simdattn.paged_attention(
@@ -651,3 +740,82 @@ def merge_states(outs, lses, *, out=None, threads=None):
     if status != _simdattn.OK:
         raise _ERRORS.get(status, RuntimeError)(message)
     return out, lse
+
+
+# ---------------------------------------------------------------- quantize
+
+
+def quantize_kv(x, fmt, *, scale=None):
+    """x (float32, float16, or bfloat16 for torch; [..., D], at most 4-D)
+    stored in quantized format `fmt` for a KV cache, round to nearest even
+    (SEMANTICS.md "Quantized KV caches"). Returns (data, scales), data uint8
+    of x's kind:
+      "int8":  data [..., D] (int8 bit patterns), scales float32 [...]: one
+               per row, max|x| / 127;
+      "q8_0":  data [..., D / 32 * 34]: blocks of an f16 scale and 32 int8
+               (D a multiple of 32), scales None;
+      "fp8_e4m3", "fp8_e5m2": data [..., D], scales the float per-tensor
+               scale: `scale`, or by default max|x| / 448 (57344), 1 for
+               an all-zero or non-finite x; values beyond the largest
+               saturate.
+    Pass data and scales to attention()/paged_attention() with the format.
+    """
+    if fmt not in _FORMATS:
+        raise ValueError(f"fmt = {fmt!r}: must be one of {', '.join(_FORMATS)}")
+    op = _describe(x, "x")
+    nd = len(op.shape)
+    if not 1 <= nd <= 4:
+        raise ValueError(f"x has {nd} dimensions, shape {op.shape}: must be 1-D to 4-D")
+    lead = op.shape[:-1]
+    d = op.shape[-1]
+    if fmt == "q8_0" and d % 32 != 0:
+        raise ValueError(f"x.shape[-1] = {d}: q8_0 needs a multiple of 32")
+    row = d // 32 * 34 if fmt == "q8_0" else d
+    if op.torch_kind:
+        import torch
+        data = torch.empty(lead + (row,), dtype=torch.uint8)
+        scales = torch.empty(lead, dtype=torch.float32) if fmt == "int8" else None
+    else:
+        import numpy as np
+        data = np.empty(lead + (row,), dtype=np.uint8)
+        scales = np.empty(lead, dtype=np.float32) if fmt == "int8" else None
+    value = 1.0
+    if fmt in _FP8_MAX:
+        if scale is None:
+            amax = float(abs(x).max()) if op.shape and all(op.shape) else 0.0
+            value = amax / _FP8_MAX[fmt] if _math.isfinite(amax) and amax > 0 else 1.0
+        elif isinstance(scale, (int, float)):
+            value = float(scale)
+        else:
+            raise ValueError(f"scale = {scale!r}: must be None or a number")
+    elif scale is not None:
+        raise ValueError(f"scale = {scale!r}: only fp8 formats take a scale")
+    pad = 4 - nd
+    op.shape = (1,) * pad + op.shape
+    op.strides = (0,) * pad + op.strides
+    out = _Operand(_address(data), _FORMATS[fmt], op.shape[:3] + (d,),
+                   _contiguous_strides(op.shape[:3] + (row,)), op.torch_kind, True)
+    sc = None
+    if scales is not None:
+        sc = _Operand(_address(scales), _F32, op.shape[:3] + (1,),
+                      _contiguous_strides(op.shape[:3] + (1,)), op.torch_kind, True)
+    status, message = _simdattn.quantize_kv(op.as_tuple(), out.as_tuple(),
+                                            None if sc is None else sc.as_tuple(),
+                                            value if fmt in _FP8_MAX else 1.0)
+    if status != _simdattn.OK:
+        raise _ERRORS.get(status, RuntimeError)(message)
+    if fmt in _FP8_MAX:
+        return data, value
+    return data, scales
+
+
+def _address(x):
+    return x.data_ptr() if _is_torch(x) else x.__array_interface__["data"][0]
+
+
+def _contiguous_strides(shape):
+    strides, n = [], 1
+    for extent in reversed(shape):
+        strides.append(n)
+        n *= extent
+    return tuple(reversed(strides))

@@ -1,0 +1,73 @@
+// The C API with quantized K/V: the dtypes and the scales of
+// simdattn_options reach the C++ API unchanged (the same bits as a C++
+// call), and a missing int8 scale is an error naming it.
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "simdattn/simdattn.h"
+#include "tests/quant_util.h"
+
+namespace simdattn {
+namespace test {
+namespace {
+
+simdattn_tensor ToC(const TensorView& v) {
+  simdattn_tensor t;
+  std::memset(&t, 0, sizeof(t));
+  t.data = const_cast<void*>(v.data);
+  t.dtype = static_cast<int32_t>(v.dtype);
+  for (int i = 0; i < 4; ++i) {
+    t.shape[i] = v.shape[i];
+    t.strides[i] = v.strides[i];
+  }
+  return t;
+}
+
+TEST(CApiQuantTest, SameBitsAsCpp) {
+  static_assert(SIMDATTN_INT8 == static_cast<int>(DType::kInt8), "int8");
+  static_assert(SIMDATTN_Q8_0 == static_cast<int>(DType::kQ8_0), "q8_0");
+  static_assert(SIMDATTN_FP8_E4M3 == static_cast<int>(DType::kFp8E4M3), "e4m3");
+  static_assert(SIMDATTN_FP8_E5M2 == static_cast<int>(DType::kFp8E5M2), "e5m2");
+  std::mt19937 rng(42);
+  Tensor q(DType::kF32, 1, 4, 3, 64), k(DType::kF32, 1, 2, 50, 64), v(DType::kF32, 1, 2, 50, 64);
+  q.FillUniform(&rng, -1.0f, 1.0f);
+  k.FillUniform(&rng, -1.0f, 1.0f);
+  v.FillUniform(&rng, -1.0f, 1.0f);
+  const KvTensor kq = StoreKv(k, DType::kInt8, Layout::kBHSD);
+  const KvTensor vq = StoreKv(v, DType::kFp8E4M3, Layout::kBHSD, 0.01f);
+  std::vector<float> o_cpp(4 * 3 * 64), o_c(4 * 3 * 64, 7.0f);
+  AttentionOptions options;
+  SetScales(kq, true, &options);
+  SetScales(vq, false, &options);
+  const Status s = Attention(q.View(), kq.View(), vq.View(),
+                             MakeBHSD(o_cpp.data(), DType::kF32, 1, 4, 3, 64), options);
+  ASSERT_TRUE(s.ok()) << s.message;
+
+  simdattn_options c;
+  simdattn_options_init(&c);
+  c.k_scales = ToC(kq.ScalesView());
+  c.has_fp8_scales = 1;
+  c.k_scale = 1.0f;
+  c.v_scale = 0.01f;
+  simdattn_tensor cq = ToC(q.View()), ck = ToC(kq.View()), cv = ToC(vq.View());
+  simdattn_tensor co = simdattn_bhsd(o_c.data(), SIMDATTN_F32, 1, 4, 3, 64);
+  ASSERT_EQ(simdattn_attention(&cq, &ck, &cv, &co, &c, nullptr, nullptr, nullptr), SIMDATTN_OK)
+      << simdattn_last_error();
+  EXPECT_EQ(std::memcmp(o_c.data(), o_cpp.data(), o_c.size() * sizeof(float)), 0);
+
+  c.k_scales.data = nullptr;
+  c.k_scales.shape[0] = c.k_scales.shape[1] = c.k_scales.shape[2] = c.k_scales.shape[3] = 0;
+  EXPECT_EQ(simdattn_attention(&cq, &ck, &cv, &co, &c, nullptr, nullptr, nullptr),
+            SIMDATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(simdattn_last_error()).find("k_scales.data is null"), std::string::npos)
+      << simdattn_last_error();
+}
+
+}  // namespace
+}  // namespace test
+}  // namespace simdattn
