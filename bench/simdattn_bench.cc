@@ -20,6 +20,7 @@
 #include "bench/common.h"
 #include "bench/entries.h"
 #include "bench/summary.h"
+#include "bench/mha_entries.h"
 
 namespace {
 
@@ -100,6 +101,7 @@ int main(int argc, char** argv) {
   sb::RegisterOptionEntries(flags.config);
   sb::RegisterDecodeEntries(flags.config);
   sb::RegisterPairedEntries(flags.config);
+  sb::RegisterGemmEntries(flags.config);
 
   sb::SummaryReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);

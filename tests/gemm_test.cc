@@ -110,7 +110,7 @@ TEST(GemmTest, MatchesDoubleReferenceOnEveryTarget) {
   std::mt19937 rng(41);
   for (const std::string& target : TestTargets()) {
     ScopedTarget scoped(target);
-    std::vector<int64_t> ms = {1, 3, 8, 9, 64, 65}, ns = {1, 15, 32, 33, 100};
+    std::vector<int64_t> ms = {1, 3, 6, 7, 8, 9, 60, 61, 65}, ns = {1, 15, 32, 33, 100};
     std::vector<int64_t> ks = {1, 7, 256, 257, 300};
     if (QuickMode()) ms = {1, 9, 65}, ns = {1, 33}, ks = {7, 257};
     for (int64_t m : ms)

@@ -29,12 +29,13 @@ Status OutOfMemory(const std::string& what) {
   return s;
 }
 
-// Rows of C per task: 64 rows x one panel's kc chunk of A is 64 KiB at
-// kc 256, which stays in L2 while the panels of the task pass.
+// Rows of C per task: about 64 (a multiple of the row tile); their kc
+// chunk of A (32 KiB at kc 128) stays in L2 while the task's panels pass.
 constexpr int64_t kRowsPerTask = 64;
-// Reduction steps per pass over a panel: kc x 32 columns x 4 bytes is
-// 32 KiB on AVX-512, inside a 48 KiB L1 with the rows of A beside it.
-constexpr int64_t kReductionChunk = 256;
+// Bytes of a panel's chunk of reduction steps (kc x panel_cols floats),
+// inside a 48 KiB L1 with the packed rows of A beside it: kc 128 for the
+// 64-column panels of AVX-512.
+constexpr int64_t kChunkBytes = int64_t{32} << 10;
 // Bytes of W per task: 512 KiB (4 panels at k 1024 on AVX-512), so that
 // a task's panels stay in a 2 MiB L2 while consecutive tasks (the row
 // blocks of one panel block) read them again.
@@ -73,21 +74,36 @@ void RunGemmTask(void* arg, int64_t task) {
   job->kernels->task(job->args, task, acc);
 }
 
-struct WidenJob {
+// The calling thread's packed A, kept between calls (a fresh 8 MiB buffer
+// per call would spend milliseconds on first touches of its pages).
+thread_local AccScratch t_packed_a;
+
+struct PackAJob {
   GemmInput a;
-  int64_t k;
+  int64_t k, row_tile;
   float* dst;
 };
 
-// Row block i of A widened to f32 rows of k floats.
-void WidenRows(void* arg, int64_t i) {
-  const WidenJob* job = static_cast<const WidenJob*>(arg);
-  const int64_t end = std::min(job->a.m, (i + 1) * kRowsPerTask);
-  const uint16_t* src = static_cast<const uint16_t*>(job->a.data);
+// Row block i of A widened to f32 and packed as GemmArgs::a describes:
+// the broadcasts of a row tile then read one sequential stream instead of
+// row_tile rows lda apart (4 KiB apart at k 1024: one L1 set for all).
+void PackRows(void* arg, int64_t i) {
+  const PackAJob* job = static_cast<const PackAJob*>(arg);
+  const int64_t m = job->a.m, k = job->k, R = job->row_tile;
+  const int64_t full = m / R, rem = m % R;
+  const int64_t end = std::min(m, (i + 1) * kRowsPerTask);
   for (int64_t r = i * kRowsPerTask; r < end; ++r) {
-    for (int64_t t = 0; t < job->k; ++t) {
-      const uint16_t x = src[r * job->a.lda + t];
-      job->dst[r * job->k + t] = job->a.dtype == DType::kBF16 ? BF16ToF32(x) : F16ToF32(x);
+    const int64_t g = r / R;
+    float* dst = g < full ? job->dst + g * R * k + (r % R) : job->dst + full * R * k + (r - full * R);
+    const int64_t step = g < full ? R : rem;
+    if (job->a.dtype == DType::kF32) {
+      const float* src = static_cast<const float*>(job->a.data) + r * job->a.lda;
+      for (int64_t t = 0; t < k; ++t) dst[t * step] = src[t];
+      continue;
+    }
+    const uint16_t* src = static_cast<const uint16_t*>(job->a.data) + r * job->a.lda;
+    for (int64_t t = 0; t < k; ++t) {
+      dst[t * step] = job->a.dtype == DType::kBF16 ? BF16ToF32(src[t]) : F16ToF32(src[t]);
     }
   }
 }
@@ -128,19 +144,13 @@ Status Gemm(const GemmInput& a, const PackedWeights& w, int first, int end,
   GemmJob job;
   GemmArgs& g = job.args;
   job.kernels = w.kernels;
-  g.a = static_cast<const float*>(a.data);
   g.m = a.m;
   g.k = w.k;
-  g.lda = a.lda;
-  std::unique_ptr<float, FreeDeleter> widened;
-  if (a.dtype != DType::kF32) {
-    widened.reset(static_cast<float*>(std::malloc(static_cast<size_t>(a.m * w.k) * 4)));
-    if (widened == nullptr) return OutOfMemory("the widened rows of a");
-    WidenJob wj{a, w.k, widened.get()};
-    RunTasks(exec, (a.m + kRowsPerTask - 1) / kRowsPerTask, &WidenRows, &wj);
-    g.a = widened.get();
-    g.lda = w.k;
-  }
+  float* packed_a = t_packed_a.Get(static_cast<size_t>(a.m * w.k));
+  if (packed_a == nullptr) return OutOfMemory("the packed rows of a");
+  PackAJob pj{a, w.k, w.kernels->row_tile(), packed_a};
+  RunTasks(exec, (a.m + kRowsPerTask - 1) / kRowsPerTask, &PackRows, &pj);
+  g.a = packed_a;
   g.packed = w.data.get();
   g.bias = w.bias.get();
   g.panel_col = w.panel_col.data();
@@ -153,8 +163,9 @@ Status Gemm(const GemmInput& a, const PackedWeights& w, int first, int end,
   g.c = c;
   g.c_type = c_type;
   g.ldc = ldc;
-  g.mc = kRowsPerTask;
-  g.kc = kReductionChunk;
+  const int64_t row_tile = w.kernels->row_tile();
+  g.mc = row_tile * std::max<int64_t>(1, kRowsPerTask / row_tile);
+  g.kc = std::max<int64_t>(16, kChunkBytes / (w.panel_cols * 4));
   g.nc_panels = std::max<int64_t>(1, kPanelBytesPerTask / (w.k * w.panel_cols * 4));
   job.acc_floats = static_cast<size_t>(g.mc * w.panel_cols);
   g.m_blocks = (a.m + g.mc - 1) / g.mc;

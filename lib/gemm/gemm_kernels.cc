@@ -1,6 +1,6 @@
 // The projections' GEMM, compiled once per Highway target: one task of
-// C = A · W^T + bias over weights packed in panels (lib/gemm/gemm.h). The
-// register tile is the attention kernel's TileGemm (tile_gemm-inl.h).
+// C = A · W^T + bias over weights packed in panels (lib/gemm/gemm.h), on
+// the register tile of gemm_tile-inl.h.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "lib/gemm/gemm_kernels.cc"
@@ -11,7 +11,7 @@
 #include "hwy/highway.h"
 #include "lib/dtype.h"
 #include "lib/gemm/gemm_kernels.h"
-#include "lib/kernels/tile_gemm-inl.h"
+#include "lib/gemm/gemm_tile-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace simdattn {
@@ -19,7 +19,7 @@ namespace HWY_NAMESPACE {
 
 int64_t GemmPanelCols() {
   const hn::ScalableTag<float> d;
-  return kTileCols * static_cast<int64_t>(hn::Lanes(d));
+  return kGemmCols * static_cast<int64_t>(hn::Lanes(d));
 }
 
 // Writes rows x valid columns of acc (rows panel_cols floats apart) plus
@@ -52,10 +52,11 @@ void StorePanel(const GemmArgs& g, const float* HWY_RESTRICT acc, int64_t rows,
 }
 
 // Blocking: the panel's chunk of kc reduction steps (kc x panel_cols
-// floats: 32 KiB at kc 256 on AVX-512) stays in L1 while every row tile of
-// the block streams past it; the block's rows of A (mc x kc floats) come
-// from L2. Each output element is one FMA chain over k in order, whatever
-// the tiles and the task split: the same bits for any thread count.
+// floats: 32 KiB) stays in L1 while every row tile of
+// the block streams past it; the block's packed rows of A (mc x kc floats)
+// come from L2 in the order the broadcasts read them. Each output element
+// is one FMA chain over k in order, whatever the tiles and the task split:
+// the same bits for any thread count.
 void GemmTask(const GemmArgs& g, int64_t task, float* acc) {
   const hn::ScalableTag<float> d;
   const int64_t nr = GemmPanelCols();
@@ -64,18 +65,20 @@ void GemmTask(const GemmArgs& g, int64_t task, float* acc) {
   const int64_t rows = std::min(g.mc, g.m - row0);
   const int64_t p0 = g.panel_first + nb * g.nc_panels;
   const int64_t p1 = std::min(g.panel_end, p0 + g.nc_panels);
-  const float* a = g.a + row0 * g.lda;
+  // Packed A (GemmArgs::a): groups of kGemmRows rows [k][kGemmRows], then
+  // the m % kGemmRows last rows [k][rem].
+  const int64_t full = g.m / kGemmRows, rem = g.m % kGemmRows;
+  const float* groups = g.a + row0 * g.k;
+  const float* tail = g.a + full * kGemmRows * g.k;
   for (int64_t p = p0; p < p1; ++p) {
     const float* panel = g.packed + p * g.k * nr;
     for (int64_t k0 = 0; k0 < g.k; k0 += g.kc) {
       const int64_t kn = std::min(g.kc, g.k - k0);
       if (k0 == 0) {
-        TileGemmRowsCols<kTileCols, false, false>(d, rows, a, g.lda, 1, panel,
-                                                  nr, kn, nullptr, acc, nr);
+        GemmRows<false>(d, rows, groups, kGemmRows * g.k, tail, rem, panel, kn, acc);
       } else {
-        TileGemmRowsCols<kTileCols, true, false>(d, rows, a + k0, g.lda, 1,
-                                                 panel + k0 * nr, nr, kn,
-                                                 nullptr, acc, nr);
+        GemmRows<true>(d, rows, groups + k0 * kGemmRows, kGemmRows * g.k, tail + k0 * rem,
+                       rem, panel + k0 * nr, kn, acc);
       }
     }
     StorePanel(g, acc, rows, nr, g.bias != nullptr ? g.bias + p * nr : nullptr,
@@ -83,8 +86,10 @@ void GemmTask(const GemmArgs& g, int64_t task, float* acc) {
   }
 }
 
+int64_t GemmRowTile() { return kGemmRows; }
+
 const GemmKernels* GetGemmKernels() {
-  static const GemmKernels kKernels = {&GemmPanelCols, &GemmTask};
+  static const GemmKernels kKernels = {&GemmPanelCols, &GemmRowTile, &GemmTask};
   return &kKernels;
 }
 

@@ -17,8 +17,11 @@ namespace simdattn {
 // past the last valid column); its columns go to C's columns
 // [panel_col[p] - col_base, + panel_valid[p]).
 struct GemmArgs {
-  const float* a;  // f32 rows, lda floats apart
-  int64_t m, k, lda;
+  // A widened to f32 and packed by row groups (GemmPackedRows): group g of
+  // row_tile rows at a + g * row_tile * k, stored [k][row_tile]; the
+  // m % row_tile last rows after the groups, stored [k][rem].
+  const float* a;
+  int64_t m, k;
   const float* packed;  // panel p at packed + p * k * panel_cols
   const float* bias;    // [panels * panel_cols] or null
   const int64_t* panel_col;
@@ -32,8 +35,10 @@ struct GemmArgs {
 };
 
 struct GemmKernels {
-  // Columns per packed panel: kTileCols vectors of this target.
+  // Columns per packed panel: kGemmCols vectors of this target.
   int64_t (*panel_cols)();
+  // Rows per register tile (the row groups of packed A).
+  int64_t (*row_tile)();
   // Task t of the call: row block t % m_blocks, panel block t / m_blocks.
   // acc: mc * panel_cols floats, aligned to 256 bytes.
   void (*task)(const GemmArgs& args, int64_t task, float* acc);
