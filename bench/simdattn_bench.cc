@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
   sb::RegisterDecodeEntries(flags.config);
   sb::RegisterPairedEntries(flags.config);
   sb::RegisterGemmEntries(flags.config);
+  sb::RegisterMhaEntries(flags.config);
 
   sb::SummaryReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
