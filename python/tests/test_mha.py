@@ -157,3 +157,34 @@ def test_errors_name_the_argument():
         simdattn.MultiheadAttention(16, 4, num_kv_heads=3)
     with pytest.raises(ValueError, match="not loaded"):
         ours(np.zeros((1, 3, 16), np.float32))
+
+
+def _cli():
+    """The simdattn tool of this build tree (build/python/simdattn -> build/simdattn)."""
+    import os
+    path = os.environ.get("SIMDATTN_CLI") or os.path.join(
+        os.path.dirname(simdattn.__file__), "..", "..", "simdattn")
+    return path if os.path.exists(path) else None
+
+
+@pytest.mark.skipif(_cli() is None, reason="no simdattn tool next to the package")
+@pytest.mark.parametrize("compressed", [False, True])
+def test_cli_mha_matches_torch(tmp_path, compressed):
+    import subprocess
+    e, h, kd = 32, 4, 12
+    m = torch_layer(e, h, kdim=kd, vdim=kd)
+    sd = {k: v.detach().numpy() for k, v in m.state_dict().items()}
+    (np.savez_compressed if compressed else np.savez)(tmp_path / "w.npz", **sd)
+    x, y = torch.randn(2, 5, e), torch.randn(2, 7, kd)
+    np.save(tmp_path / "x.npy", x.numpy())
+    np.save(tmp_path / "y.npy", y.numpy())
+    r = subprocess.run([_cli(), "mha", "--weights", str(tmp_path / "w.npz"), "--x",
+                        str(tmp_path / "x.npy"), "--kv-source", str(tmp_path / "y.npy"),
+                        "--heads", str(h), "--out", str(tmp_path / "o.npy")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    close(np.load(tmp_path / "o.npy"), m(x, y, y)[0])
+    r = subprocess.run([_cli(), "mha", "--weights", str(tmp_path / "w.npz"), "--x",
+                        str(tmp_path / "x.npy"), "--heads", str(h), "--out",
+                        str(tmp_path / "o.npy")], capture_output=True, text=True)
+    assert r.returncode == 2 and "key.dim" in r.stderr
