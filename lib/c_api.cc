@@ -654,8 +654,13 @@ Status CMhaCreate(const simdattn_mha_config* c, simdattn_mha** out) {
   MultiHeadAttention* layer = nullptr;
   s = MultiHeadAttention::Create(config, &layer);
   if (!s.ok()) return s;
-  *out = new simdattn_mha{layer};
-  return Status::Ok();
+  *out = new (std::nothrow) simdattn_mha{layer};
+  if (*out == nullptr) {
+    delete layer;
+    s.code = StatusCode::kOutOfMemory;
+    s.message = "cannot allocate the layer's handle";
+  }
+  return s;
 }
 
 Status CMhaLoad(simdattn_mha* layer, const simdattn_named_tensor* tensors, int64_t num,

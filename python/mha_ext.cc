@@ -39,10 +39,12 @@ simdattn_pool* PoolOf(int32_t threads) {
   return pool;
 }
 
-simdattn_exec Exec(int32_t threads) {
+// threads 0: the process-wide pool; target "": no per-call cap.
+simdattn_exec Exec(int32_t threads, const std::string& target) {
   simdattn_exec e;
   simdattn_exec_init(&e);
   if (threads > 0) e.pool = PoolOf(threads);
+  e.max_target = target.c_str();
   return e;
 }
 
@@ -102,7 +104,8 @@ py::tuple Create(int64_t embed_dim, int64_t num_heads, int64_t num_kv_heads, int
                         reinterpret_cast<uintptr_t>(layer));
 }
 
-py::tuple Load(uintptr_t layer, const std::vector<Named>& tensors, int32_t threads) {
+py::tuple Load(uintptr_t layer, const std::vector<Named>& tensors, int32_t threads,
+               const std::string& target) {
   std::vector<simdattn_named_tensor> t(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     t[i].name = std::get<0>(tensors[i]).c_str();
@@ -112,7 +115,7 @@ py::tuple Load(uintptr_t layer, const std::vector<Named>& tensors, int32_t threa
     t[i].ndim = static_cast<int32_t>(shape.size());
     for (size_t d = 0; d < shape.size() && d < 4; ++d) t[i].shape[d] = shape[d];
   }
-  const simdattn_exec exec = Exec(threads);
+  const simdattn_exec exec = Exec(threads, target);
   int status;
   {
     py::gil_scoped_release release;
@@ -124,7 +127,7 @@ py::tuple Load(uintptr_t layer, const std::vector<Named>& tensors, int32_t threa
 
 py::tuple Forward(uintptr_t layer, const Act& q, const Act& k, const Act& v, const Act& out,
                   const Mask& key_padding, const Mask& attn_mask, const Attn& attention,
-                  uintptr_t weights, bool average, int32_t threads) {
+                  uintptr_t weights, bool average, int32_t threads, const std::string& target) {
   simdattn_mha_options o;
   simdattn_mha_options_init(&o);
   o.key_padding_mask = ToMask(key_padding);
@@ -133,7 +136,7 @@ py::tuple Forward(uintptr_t layer, const Act& q, const Act& k, const Act& v, con
   o.weights = reinterpret_cast<float*>(weights);
   o.average_weights = average;
   const simdattn_mha_tensor qt = ToAct(q), kt = ToAct(k), vt = ToAct(v), ot = ToAct(out);
-  const simdattn_exec exec = Exec(threads);
+  const simdattn_exec exec = Exec(threads, target);
   simdattn_run_info info{};
   info.struct_size = sizeof(info);
   int status;

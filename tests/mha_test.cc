@@ -60,9 +60,11 @@ struct RunCase {
   bool cross = false, batch_first = true;
 };
 
-// Forward on the layer and the reference; compares out (and weights).
+// Forward on the layer and the reference; compares out (and weights)
+// within `bound` (the f32 one unless the layer stores 16-bit Q, K, V).
 void Check(MultiHeadAttention* layer, const MhaConfig& c, const MhaWeights& w, const RunCase& r,
-           MhaForwardOptions options, std::mt19937* rng, const std::string& what) {
+           MhaForwardOptions options, std::mt19937* rng, const std::string& what,
+           double bound = kMhaBound) {
   SCOPED_TRACE(what);
   const std::vector<float> xq = Random(size_t(r.batch * r.q_len * c.embed_dim), rng);
   const std::vector<float> xk = r.cross ? Random(size_t(r.batch * r.kv_len * c.kdim), rng) : xq;
@@ -89,7 +91,7 @@ void Check(MultiHeadAttention* layer, const MhaConfig& c, const MhaWeights& w, c
                            options, &ref, want_weights ? &ref_w : nullptr));
   double err = 0.0;
   for (size_t i = 0; i < ref.size(); ++i) err = std::max(err, std::fabs(out[i] - ref[i]));
-  EXPECT_LE(err, kMhaBound) << "target " << info.target;
+  EXPECT_LE(err, bound) << "target " << info.target;
   if (!want_weights) return;
   double werr = 0.0;
   const int64_t rows = r.batch * r.q_len, heads = c.num_heads;
@@ -194,6 +196,28 @@ TEST(MhaTest, GqaLlamaNamesCausalAndOptionsOnEveryTarget) {
     x.attention.window_left = 4;
     x.attention.scale = 0.2f;
     Check(layer.get(), rc, w, r, x, &rng, target + " softcap, alibi, sinks, window, scale");
+  }
+}
+
+// Q, K, V and the attention's output stored in 16 bits inside the layer:
+// the reference keeps them f32, so the bound is the storage type's
+// rounding carried through two projections (bf16 2^-9, f16 2^-12 relative).
+TEST(MhaTest, SixteenBitStorageInsideTheLayerOnEveryTarget) {
+  std::mt19937 rng(46);
+  for (const std::string& target : TestTargets()) {
+    ScopedTarget scoped(target);
+    for (DType dt : {DType::kBF16, DType::kF16}) {
+      MhaConfig c{32, 4};
+      c.dtype = dt;
+      MhaWeights w;
+      MhaConfig rc;
+      auto layer = MakeLayer(c, &w, "torch", &rng, &rc);
+      ASSERT_NE(layer, nullptr);
+      MhaForwardOptions o;
+      o.attention.causal = true;
+      Check(layer.get(), rc, w, {}, o, &rng, target + " " + DTypeName(dt),
+            dt == DType::kBF16 ? 5e-2 : 5e-3);
+    }
   }
 }
 

@@ -698,17 +698,19 @@ class MultiheadAttention:
     returns the softmax weights, recomputed after the fused kernel from its
     log-sum-exp. Extra keyword arguments of __call__ (scale, softcap,
     window, alibi_slopes, sinks, dropout_p, seed, alignment) are those of
-    simdattn.attention().
+    simdattn.attention(). target (a name from simdattn.info()) caps the
+    code path of the weights' packing and of every call.
     """
 
     def __init__(self, embed_dim, num_heads, *, num_kv_heads=None, kdim=None, vdim=None,
                  bias=True, add_bias_kv=False, batch_first=True, dtype="f32",
-                 head_dim=None, threads=None):
+                 head_dim=None, threads=None, target=None):
         if dtype not in _DTYPE_NAMES:
             raise ValueError(f"dtype = {dtype!r}: must be one of f32, f16, bf16")
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.num_kv_heads = num_kv_heads or num_heads
         self.batch_first, self.threads = batch_first, threads or 0
+        self.target = target or ""  # caps the code path of loading and every call
         self._layer = 0
         self._add_bias_kv = bool(add_bias_kv)
         status, message, layer = _simdattn_mha.create(
@@ -730,7 +732,7 @@ class MultiheadAttention:
             op, owner = _contiguous(value, name)
             keep.append(owner)
             tensors.append((str(name), op.address, op.dtype, list(op.shape)))
-        status, message = _simdattn_mha.load(self._layer, tensors, self.threads)
+        status, message = _simdattn_mha.load(self._layer, tensors, self.threads, self.target)
         if status:
             raise _ERRORS[status](message)
         return self
@@ -793,7 +795,7 @@ class MultiheadAttention:
         waddr = weights.__array_interface__["data"][0] if weights is not None else 0
         status, message, _ = _simdattn_mha.forward(self._layer, q, k, v, o, kpm, am, attn,
                                                    waddr, bool(average_attn_weights),
-                                                   self.threads)
+                                                   self.threads, self.target)
         if status:
             raise _ERRORS[status](message)
         if weights is not None:

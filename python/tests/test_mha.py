@@ -13,6 +13,8 @@ import simdattn
 torch.manual_seed(0)
 TOL = 1e-4  # f32 end to end: projections, fused attention, output
 
+from conftest import target  # noqa: F401,E402  (every available target)
+
 
 def torch_layer(e, h, *, kdim=None, vdim=None, bias=True, add_bias_kv=False, batch_first=True):
     m = torch.nn.MultiheadAttention(e, h, bias=bias, add_bias_kv=add_bias_kv, kdim=kdim,
@@ -39,10 +41,10 @@ def close(a, b, tol=TOL):
 
 @pytest.mark.parametrize("batch_first", [True, False])
 @pytest.mark.parametrize("bias", [True, False])
-def test_self_attention_with_weights(batch_first, bias):
+def test_self_attention_with_weights(batch_first, bias, target):
     e, h, b, l = 32, 4, 2, 7
     m = torch_layer(e, h, bias=bias, batch_first=batch_first)
-    ours = ours_from(m, e, h, bias=bias, batch_first=batch_first)
+    ours = ours_from(m, e, h, bias=bias, batch_first=batch_first, target=target)
     x = torch.randn((b, l, e) if batch_first else (l, b, e))
     for average in (True, False):
         ref, ref_w = m(x, x, x, need_weights=True, average_attn_weights=average)
@@ -64,10 +66,10 @@ def test_numpy_in_numpy_out_and_unbatched():
 
 
 @pytest.mark.parametrize("add_bias_kv", [False, True])
-def test_cross_attention_kdim_vdim(add_bias_kv):
+def test_cross_attention_kdim_vdim(add_bias_kv, target):
     e, h, b, lq, lk = 24, 3, 2, 5, 9
     m = torch_layer(e, h, kdim=12, vdim=20, add_bias_kv=add_bias_kv)
-    ours = ours_from(m, e, h, kdim=12, vdim=20, add_bias_kv=add_bias_kv)
+    ours = ours_from(m, e, h, kdim=12, vdim=20, add_bias_kv=add_bias_kv, target=target)
     q, k, v = torch.randn(b, lq, e), torch.randn(b, lk, 12), torch.randn(b, lk, 20)
     ref, ref_w = m(q, k, v, need_weights=True, average_attn_weights=False)
     out, w = ours(q, k, v, need_weights=True, average_attn_weights=False)
@@ -126,7 +128,7 @@ def test_is_causal_matches_torch_with_a_causal_mask():
 
 
 @pytest.mark.parametrize("naming", ["llama", "torch"])
-def test_gqa_against_a_torch_composition(naming):
+def test_gqa_against_a_torch_composition(naming, target):
     e, hq, hkv, d, b, l = 48, 6, 2, 8, 2, 10
     wq, wk, wv = (torch.randn(hq * d, e) * 0.2, torch.randn(hkv * d, e) * 0.2,
                   torch.randn(hkv * d, e) * 0.2)
@@ -138,7 +140,8 @@ def test_gqa_against_a_torch_composition(naming):
     s = q @ k.transpose(-1, -2) / d ** 0.5
     s = s.masked_fill(torch.triu(torch.ones(l, l, dtype=torch.bool), 1), float("-inf"))
     ref = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(b, l, hq * d) @ wo.T
-    ours = simdattn.MultiheadAttention(e, hq, num_kv_heads=hkv, head_dim=d, bias=False)
+    ours = simdattn.MultiheadAttention(e, hq, num_kv_heads=hkv, head_dim=d, bias=False,
+                                       target=target)
     if naming == "llama":
         sd = {"model.layers.0.self_attn.q_proj.weight": wq, "model.layers.0.self_attn.k_proj.weight": wk,
               "model.layers.0.self_attn.v_proj.weight": wv, "model.layers.0.self_attn.o_proj.weight": wo}
@@ -188,3 +191,12 @@ def test_cli_mha_matches_torch(tmp_path, compressed):
                         str(tmp_path / "x.npy"), "--heads", str(h), "--out",
                         str(tmp_path / "o.npy")], capture_output=True, text=True)
     assert r.returncode == 2 and "key.dim" in r.stderr
+
+
+@pytest.mark.parametrize("dtype,tol", [("bf16", 5e-2), ("f16", 5e-3)])
+def test_sixteen_bit_storage_inside_the_layer(dtype, tol):
+    e, h, b, l = 32, 4, 2, 7
+    m = torch_layer(e, h)
+    ours = ours_from(m, e, h, dtype=dtype)
+    x = torch.randn(b, l, e)
+    close(ours(x)[0], m(x, x, x)[0], tol)
