@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -30,6 +31,10 @@ struct OneDnnMha::Impl {
   dnnl::softmax_v2_forward softmax;
   md q_md, kt_md, v_md, o_md;
   dnnl::memory s_mem, mask_mem;
+  // User scratchpads, allocated once (oneDNN's own would be allocated and
+  // first-touched per call, which costs page faults here).
+  dnnl::memory qk_scratch, sm_scratch, pv_scratch;
+  std::vector<uint8_t> scratch[3];
   std::vector<float> qkv, o, scores, mask;
   float *k_cache = nullptr, *v_cache = nullptr;
   std::string error;
@@ -77,7 +82,9 @@ OneDnnMha::OneDnnMha(const OneDnnMhaShape& s, const float* w_qkv, const float* b
   m.o.assign(size_t(s.q_len * nq), 0.0f);
   Descriptors(m);
   const md s_md(dims{s.kv_heads, rows, L}, dt::f32, dims{rows * L, L, 1});
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr, plain;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  plain.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   attr.set_output_scales(0, {1.0f / std::sqrt(float(D))});
   if (s.causal) {  // materialized, as the bench's attention baseline does
     m.mask.assign(size_t(s.kv_heads * rows * L), 0.0f);
@@ -95,8 +102,16 @@ OneDnnMha::OneDnnMha(const OneDnnMhaShape& s, const float* w_qkv, const float* b
   const dnnl::softmax_v2_forward::primitive_desc sm_pd(
       dnnl::softmax_v2_forward::desc(dnnl::prop_kind::forward_inference,
                                      dnnl::algorithm::softmax_accurate, s_md, s_md, 2),
-      m.engine);
-  const dnnl::matmul::primitive_desc pv_pd(dnnl::matmul::desc(s_md, m.v_md, m.o_md), m.engine);
+      plain, m.engine);
+  const dnnl::matmul::primitive_desc pv_pd(dnnl::matmul::desc(s_md, m.v_md, m.o_md), plain,
+                                           m.engine);
+  const dnnl::memory::desc pads[3] = {qk_pd.scratchpad_desc(), sm_pd.scratchpad_desc(),
+                                      pv_pd.scratchpad_desc()};
+  dnnl::memory* mems[3] = {&m.qk_scratch, &m.sm_scratch, &m.pv_scratch};
+  for (int i = 0; i < 3; ++i) {
+    m.scratch[i].assign(pads[i].get_size() + 1, 0);
+    *mems[i] = dnnl::memory(pads[i], m.engine, m.scratch[i].data());
+  }
   m.qk = dnnl::matmul(qk_pd);
   m.softmax = dnnl::softmax_v2_forward(sm_pd);
   m.pv = dnnl::matmul(pv_pd);
@@ -136,12 +151,16 @@ void OneDnnMha::Run(const float* x, float* out, int threads) {
   }
   if (s.causal) {
     m.qk.execute(m.stream, {{DNNL_ARG_SRC, q}, {DNNL_ARG_WEIGHTS, k}, {DNNL_ARG_DST, m.s_mem},
-                            {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, m.mask_mem}});
+                            {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, m.mask_mem},
+                            {DNNL_ARG_SCRATCHPAD, m.qk_scratch}});
   } else {
-    m.qk.execute(m.stream, {{DNNL_ARG_SRC, q}, {DNNL_ARG_WEIGHTS, k}, {DNNL_ARG_DST, m.s_mem}});
+    m.qk.execute(m.stream, {{DNNL_ARG_SRC, q}, {DNNL_ARG_WEIGHTS, k}, {DNNL_ARG_DST, m.s_mem},
+                            {DNNL_ARG_SCRATCHPAD, m.qk_scratch}});
   }
-  m.softmax.execute(m.stream, {{DNNL_ARG_SRC, m.s_mem}, {DNNL_ARG_DST, m.s_mem}});
-  m.pv.execute(m.stream, {{DNNL_ARG_SRC, m.s_mem}, {DNNL_ARG_WEIGHTS, v}, {DNNL_ARG_DST, o}});
+  m.softmax.execute(m.stream, {{DNNL_ARG_SRC, m.s_mem}, {DNNL_ARG_DST, m.s_mem},
+                               {DNNL_ARG_SCRATCHPAD, m.sm_scratch}});
+  m.pv.execute(m.stream, {{DNNL_ARG_SRC, m.s_mem}, {DNNL_ARG_WEIGHTS, v}, {DNNL_ARG_DST, o},
+                          {DNNL_ARG_SCRATCHPAD, m.pv_scratch}});
   m.stream.wait();
   m.out_mm->Run(m.o.data(), out, threads);
 }
