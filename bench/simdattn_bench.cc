@@ -20,6 +20,7 @@
 #include "bench/common.h"
 #include "bench/entries.h"
 #include "bench/summary.h"
+#include "bench/mha_entries.h"
 
 namespace {
 
@@ -102,6 +103,8 @@ int main(int argc, char** argv) {
   sb::RegisterQuantEntries(flags.config);
   sb::RegisterPairedEntries(flags.config);
   sb::RegisterServingEntries(flags.config);
+  sb::RegisterGemmEntries(flags.config);
+  sb::RegisterMhaEntries(flags.config);
 
   sb::SummaryReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);

@@ -608,3 +608,220 @@ int simdattn_quantize_kv(const simdattn_tensor* x, const simdattn_tensor* out,
 }
 
 }  // extern "C"
+
+// ------------------------------------------- multi-head attention layer
+// The C API of MultiHeadAttention (simdattn.h's last section).
+
+#include "simdattn/mha.h"
+
+struct simdattn_mha {
+  simdattn::MultiHeadAttention* layer;
+};
+
+namespace simdattn {
+namespace {
+
+MhaTensor ToMha(const simdattn_mha_tensor& t) {
+  return {t.data, static_cast<DType>(t.dtype), t.batch, t.len, t.dim, t.batch_first != 0};
+}
+
+MhaMask ToMhaMask(const simdattn_mha_mask& m) {
+  MhaMask r;
+  r.data = m.data;
+  r.dtype = static_cast<DType>(m.dtype);
+  r.ndim = m.ndim;
+  for (int i = 0; i < 3; ++i) r.shape[i] = m.shape[i];
+  return r;
+}
+
+// The layer's options for a call of `batch` rows of Hq heads.
+Status ConvertMhaOptions(const simdattn_mha_options* c, int64_t batch, int64_t heads,
+                         MhaForwardOptions* out) {
+  if (c == nullptr) return Status::Ok();
+  Status s = CheckStructSize("simdattn_mha_options", c, c->struct_size,
+                             sizeof(simdattn_mha_options));
+  if (!s.ok()) return s;
+  simdattn_tensor q{};
+  q.shape[0] = batch;
+  q.shape[1] = heads;
+  s = ConvertOptions(&c->attention, q, &out->attention);
+  if (!s.ok()) return s;
+  out->key_padding_mask = ToMhaMask(c->key_padding_mask);
+  out->attn_mask = ToMhaMask(c->attn_mask);
+  out->weights = c->weights;
+  out->average_weights = c->average_weights != 0;
+  return Status::Ok();
+}
+
+Status CMhaCreate(const simdattn_mha_config* c, simdattn_mha** out) {
+  if (out == nullptr) return Invalid("out is NULL");
+  *out = nullptr;
+  if (c == nullptr) return Invalid("config is NULL");
+  Status s = CheckStructSize("simdattn_mha_config", c, c->struct_size,
+                             sizeof(simdattn_mha_config));
+  if (!s.ok()) return s;
+  MhaConfig config;
+  config.embed_dim = c->embed_dim;
+  config.num_heads = c->num_heads;
+  config.num_kv_heads = c->num_kv_heads;
+  config.head_dim = c->head_dim;
+  config.kdim = c->kdim;
+  config.vdim = c->vdim;
+  config.bias = c->bias != 0;
+  config.add_bias_kv = c->add_bias_kv != 0;
+  config.dtype = static_cast<DType>(c->dtype);
+  MultiHeadAttention* layer = nullptr;
+  s = MultiHeadAttention::Create(config, &layer);
+  if (!s.ok()) return s;
+  *out = new (std::nothrow) simdattn_mha{layer};
+  if (*out == nullptr) {
+    delete layer;
+    s.code = StatusCode::kOutOfMemory;
+    s.message = "cannot allocate the layer's handle";
+  }
+  return s;
+}
+
+Status CMhaLoad(simdattn_mha* layer, const simdattn_named_tensor* tensors, int64_t num,
+                const simdattn_exec* exec) {
+  if (layer == nullptr) return Invalid("layer is NULL");
+  if (tensors == nullptr && num > 0) return Invalid("tensors is NULL");
+  ExecutionOptions ex;
+  Status s = ConvertExec(exec, &ex);
+  if (!s.ok()) return s;
+  std::vector<NamedTensor> named(static_cast<size_t>(num < 0 ? 0 : num));
+  for (size_t i = 0; i < named.size(); ++i) {
+    const simdattn_named_tensor& t = tensors[i];
+    named[i].name = t.name;
+    named[i].data = t.data;
+    named[i].dtype = static_cast<DType>(t.dtype);
+    named[i].ndim = t.ndim;
+    for (int d = 0; d < 4; ++d) named[i].shape[d] = t.shape[d];
+  }
+  return layer->layer->LoadWeights(named.data(), num, ex);
+}
+
+void CopyRunInfo(const RunInfo& run, simdattn_run_info* info) {
+  if (info == nullptr) return;
+  info->target = run.target;
+  info->path = run.path;
+  info->num_tasks = run.num_tasks;
+}
+
+Status CMhaForward(simdattn_mha* layer, const simdattn_mha_tensor* query,
+                   const simdattn_mha_tensor* key, const simdattn_mha_tensor* value,
+                   const simdattn_mha_tensor* out, const simdattn_mha_options* options,
+                   const simdattn_exec* exec, simdattn_run_info* info) {
+  if (layer == nullptr) return Invalid("layer is NULL");
+  if (query == nullptr) return Invalid("query is NULL");
+  if (out == nullptr) return Invalid("out is NULL");
+  if (info != nullptr && info->struct_size < sizeof(simdattn_run_info)) {
+    return Invalid("info->struct_size = " + std::to_string(info->struct_size) +
+                   ": must be sizeof(simdattn_run_info)");
+  }
+  MhaForwardOptions opt;
+  Status s = ConvertMhaOptions(options, query->batch, layer->layer->config().num_heads, &opt);
+  ExecutionOptions ex;
+  if (s.ok()) s = ConvertExec(exec, &ex);
+  if (!s.ok()) return s;
+  const MhaTensor k = key != nullptr ? ToMha(*key) : MhaTensor();
+  const MhaTensor v = value != nullptr ? ToMha(*value) : MhaTensor();
+  const simdattn_mha_tensor& o = *out;
+  RunInfo run;
+  s = layer->layer->Forward(ToMha(*query), key != nullptr ? &k : nullptr,
+                            value != nullptr ? &v : nullptr,
+                            {o.data, static_cast<DType>(o.dtype), o.batch, o.len, o.dim,
+                             o.batch_first != 0},
+                            opt, ex, &run);
+  if (s.ok()) CopyRunInfo(run, info);
+  return s;
+}
+
+Status CMhaStep(simdattn_mha* layer, const simdattn_mha_tensor* x, const simdattn_tensor* kc,
+                const simdattn_tensor* vc, int64_t* length, const simdattn_mha_tensor* out,
+                const simdattn_mha_options* options, const simdattn_exec* exec,
+                simdattn_run_info* info) {
+  if (layer == nullptr) return Invalid("layer is NULL");
+  if (x == nullptr) return Invalid("x is NULL");
+  if (kc == nullptr) return Invalid("k_cache is NULL");
+  if (vc == nullptr) return Invalid("v_cache is NULL");
+  if (length == nullptr) return Invalid("length is NULL");
+  if (out == nullptr) return Invalid("out is NULL");
+  MhaForwardOptions opt;
+  Status s = ConvertMhaOptions(options, x->batch, layer->layer->config().num_heads, &opt);
+  ExecutionOptions ex;
+  if (s.ok()) s = ConvertExec(exec, &ex);
+  if (!s.ok()) return s;
+  MhaKvCache cache;
+  cache.k = ToMutableView(*kc);
+  cache.v = ToMutableView(*vc);
+  cache.length = *length;
+  const simdattn_mha_tensor& o = *out;
+  RunInfo run;
+  s = layer->layer->Step(ToMha(*x), &cache,
+                         {o.data, static_cast<DType>(o.dtype), o.batch, o.len, o.dim,
+                          o.batch_first != 0},
+                         opt, ex, &run);
+  if (s.ok()) {
+    *length = cache.length;
+    CopyRunInfo(run, info);
+  }
+  return s;
+}
+
+}  // namespace
+}  // namespace simdattn
+
+extern "C" {
+
+void simdattn_mha_config_init(simdattn_mha_config* config) {
+  if (config == nullptr) return;
+  std::memset(config, 0, sizeof(*config));
+  config->struct_size = sizeof(*config);
+  config->bias = 1;
+  config->dtype = SIMDATTN_F32;
+}
+
+int simdattn_mha_create(const simdattn_mha_config* config, simdattn_mha** out) {
+  return simdattn::Guarded([&] { return simdattn::CMhaCreate(config, out); });
+}
+
+void simdattn_mha_destroy(simdattn_mha* layer) {
+  if (layer == nullptr) return;
+  delete layer->layer;
+  delete layer;
+}
+
+int simdattn_mha_load(simdattn_mha* layer, const simdattn_named_tensor* tensors, int64_t num,
+                      const simdattn_exec* exec) {
+  return simdattn::Guarded([&] { return simdattn::CMhaLoad(layer, tensors, num, exec); });
+}
+
+void simdattn_mha_options_init(simdattn_mha_options* options) {
+  if (options == nullptr) return;
+  std::memset(options, 0, sizeof(*options));
+  options->struct_size = sizeof(*options);
+  simdattn_options_init(&options->attention);
+  options->average_weights = 1;
+}
+
+int simdattn_mha_forward(simdattn_mha* layer, const simdattn_mha_tensor* query,
+                         const simdattn_mha_tensor* key, const simdattn_mha_tensor* value,
+                         const simdattn_mha_tensor* out, const simdattn_mha_options* options,
+                         const simdattn_exec* exec, simdattn_run_info* info) {
+  return simdattn::Guarded([&] {
+    return simdattn::CMhaForward(layer, query, key, value, out, options, exec, info);
+  });
+}
+
+int simdattn_mha_step(simdattn_mha* layer, const simdattn_mha_tensor* x,
+                      const simdattn_tensor* k_cache, const simdattn_tensor* v_cache,
+                      int64_t* length, const simdattn_mha_tensor* out,
+                      const simdattn_mha_options* options, const simdattn_exec* exec,
+                      simdattn_run_info* info) {
+  return simdattn::Guarded([&] {
+    return simdattn::CMhaStep(layer, x, k_cache, v_cache, length, out, options, exec, info);
+  });
+}
+
+}  // extern "C"

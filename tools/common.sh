@@ -38,3 +38,5 @@ BENCH_PACKAGES=(libdnnl-dev)  # bench.sh adds gnuplot-nox for its chart
 # The Python package and its tests (Debian's Python, not another one on PATH).
 PYTHON_PACKAGES=(python3-dev pybind11-dev python3-numpy python3-pytest python3-torch)
 PYTHON=/usr/bin/python3
+# tools/npz.cc (`simdattn mha --weights W.npz`, deflated members).
+NATIVE_PACKAGES+=(zlib1g-dev)

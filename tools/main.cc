@@ -27,6 +27,7 @@
 
 #include "lib/dtype.h"
 #include "simdattn/attention.h"
+#include "tools/mha_command.h"
 #include "tools/npy.h"
 
 namespace simdattn {
@@ -1095,11 +1096,13 @@ int Main(int argc, char** argv) {
   AddRunTensorOptions(run, &args, &given);
   AddRunVariantOptions(run, &args, &given);
   AddRunExecutionOptions(run, &args, &given);
+  MhaArgs mha_args;
+  CLI::App* mha = AddMhaCommand(&app, &mha_args);
 
   if (argc >= 2 && argv[1][0] != '-' && std::string(argv[1]) != "info" &&
-      std::string(argv[1]) != "run") {
+      std::string(argv[1]) != "run" && std::string(argv[1]) != "mha") {
     return Error(std::string("unknown command '") + argv[1] +
-                 "' (expected info or run; see simdattn --help)");
+                 "' (expected info, run or mha; see simdattn --help)");
   }
   try {
     app.parse(argc, argv);
@@ -1110,6 +1113,7 @@ int Main(int argc, char** argv) {
   NoteGivenOptions(given, &args);
   if (info->parsed()) return PrintInfo();
   if (run->parsed()) return RunAttention(args);
+  if (mha->parsed()) return RunMha(mha_args);
   return Error("no subcommand");
 }
 

@@ -395,3 +395,111 @@ SIMDATTN_C_API int simdattn_merge_states(const simdattn_tensor* outs,
 #endif
 
 #endif /* SIMDATTN_SIMDATTN_H_ */
+
+/* ------------------------------------------- multi-head attention layer */
+/* The C API of simdattn::MultiHeadAttention (simdattn/mha.h): a layer
+ * with learned Q, K, V and output projections around the fused attention.
+ * Its masks follow PyTorch: a bool mask is non-zero where a key is masked
+ * OUT (the opposite of simdattn_options.mask). */
+
+#ifndef SIMDATTN_SIMDATTN_H_MHA_
+#define SIMDATTN_SIMDATTN_H_MHA_
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct simdattn_mha simdattn_mha;
+
+/* simdattn_mha_config_init(): 0 for every size (0 = the default: Hkv = Hq,
+ * D = E / Hq, kdim = vdim = E), bias on, no bias_kv, f32. */
+typedef struct simdattn_mha_config {
+  size_t struct_size;
+  int64_t embed_dim, num_heads, num_kv_heads, head_dim, kdim, vdim;
+  int32_t bias;        /* non-zero: the projections have biases */
+  int32_t add_bias_kv; /* non-zero: learned bias_k / bias_v key */
+  int32_t dtype;       /* storage of the projected Q, K, V inside */
+} simdattn_mha_config;
+
+SIMDATTN_C_API void simdattn_mha_config_init(simdattn_mha_config* config);
+/* A layer without weights in *out. SIMDATTN_INVALID_ARGUMENT naming the
+ * field; *out is NULL on error. */
+SIMDATTN_C_API int simdattn_mha_create(const simdattn_mha_config* config,
+                                       simdattn_mha** out);
+SIMDATTN_C_API void simdattn_mha_destroy(simdattn_mha* layer);
+
+/* A dense row-major weight under its PyTorch or Llama name (mha.h). */
+typedef struct simdattn_named_tensor {
+  const char* name;
+  const void* data;
+  int32_t dtype;
+  int32_t ndim;
+  int64_t shape[4];
+} simdattn_named_tensor;
+
+/* Loads and packs every weight (mha.h's LoadWeights): errors name the
+ * tensor; on error the layer is unchanged. */
+SIMDATTN_C_API int simdattn_mha_load(simdattn_mha* layer,
+                                     const simdattn_named_tensor* tensors,
+                                     int64_t num, const simdattn_exec* exec);
+
+/* Activations: dense [batch, len, dim] when batch_first, else
+ * [len, batch, dim]. */
+typedef struct simdattn_mha_tensor {
+  void* data;
+  int32_t dtype;
+  int32_t batch_first;
+  int64_t batch, len, dim;
+} simdattn_mha_tensor;
+
+/* A PyTorch-convention mask (bool: non-zero = masked out; or f32 added):
+ * key_padding_mask [B, Lk]; attn_mask [Lq, Lk] or [B * Hq, Lq, Lk]. */
+typedef struct simdattn_mha_mask {
+  const void* data; /* NULL: none */
+  int32_t dtype;
+  int32_t ndim;
+  int64_t shape[3];
+} simdattn_mha_mask;
+
+/* simdattn_mha_options_init(): no masks, simdattn_options_init()'s
+ * attention options, no weights, averaged. weights (f32) receives the
+ * softmax weights, [B, Hq, Lq, Lk'] or averaged [B, Lq, Lk'], computed
+ * after the attention from its LSE. */
+typedef struct simdattn_mha_options {
+  size_t struct_size;
+  simdattn_mha_mask key_padding_mask;
+  simdattn_mha_mask attn_mask;
+  simdattn_options attention;
+  float* weights;
+  int32_t average_weights;
+} simdattn_mha_options;
+
+SIMDATTN_C_API void simdattn_mha_options_init(simdattn_mha_options* options);
+
+/* out = the layer over query, key, value (key and value NULL:
+ * self-attention). options, exec, info may be NULL. Returns as
+ * simdattn_attention(). */
+SIMDATTN_C_API int simdattn_mha_forward(
+    simdattn_mha* layer, const simdattn_mha_tensor* query,
+    const simdattn_mha_tensor* key, const simdattn_mha_tensor* value,
+    const simdattn_mha_tensor* out, const simdattn_mha_options* options,
+    const simdattn_exec* exec, simdattn_run_info* info);
+
+/* One decoding step: x's tokens appended to the dense cache k_cache,
+ * v_cache [B, Hkv, capacity, D] at *length, attended causally
+ * (bottom-right) over all *length + T keys; *length advances. */
+SIMDATTN_C_API int simdattn_mha_step(simdattn_mha* layer,
+                                     const simdattn_mha_tensor* x,
+                                     const simdattn_tensor* k_cache,
+                                     const simdattn_tensor* v_cache,
+                                     int64_t* length,
+                                     const simdattn_mha_tensor* out,
+                                     const simdattn_mha_options* options,
+                                     const simdattn_exec* exec,
+                                     simdattn_run_info* info);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* SIMDATTN_SIMDATTN_H_MHA_ */

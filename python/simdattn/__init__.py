@@ -819,3 +819,164 @@ def _contiguous_strides(shape):
         strides.append(n)
         n *= extent
     return tuple(reversed(strides))
+
+
+# ------------------------------------------------ multi-head attention layer
+
+from . import _simdattn_mha
+
+__all__ += ["MultiheadAttention"]
+
+_DTYPE_NAMES = {"f32": _F32, "float32": _F32, "f16": _F16, "float16": _F16,
+                "bf16": _BF16, "bfloat16": _BF16}
+
+
+def _contiguous(x, name, allowed=(_F32, _F16, _BF16)):
+    """x as a dense row-major operand (a copy when it is not), with the
+    object that owns its memory."""
+    if _is_torch(x):
+        x = x.detach()
+        if not x.is_contiguous():
+            x = x.contiguous()
+    elif _is_numpy(x):
+        import numpy as np
+        x = np.ascontiguousarray(x)
+    return _describe(x, name, allowed), x
+
+
+def _new_array(like, shape, torch_out):
+    if torch_out:
+        import torch
+        return torch.empty(shape, dtype=like.dtype)
+    import numpy as np
+    return np.empty(shape, dtype=like.dtype)
+
+
+class MultiheadAttention:
+    """Multi-head attention with learned projections, like PyTorch's
+    nn.MultiheadAttention (plus num_kv_heads for GQA/MQA and head_dim):
+
+        out = concat_heads(attention(q Wq^T + bq, k Wk^T + bk, v Wv^T + bv)) Wo^T + bo
+
+    Weights come from load_state_dict() under PyTorch names (in_proj_weight,
+    in_proj_bias, q/k/v_proj_weight, out_proj.weight, out_proj.bias, bias_k,
+    bias_v) or Llama names (q_proj.weight ... o_proj.weight), as NumPy
+    arrays or torch tensors, and are packed once.
+
+    Masks follow PyTorch, NOT simdattn.attention(): a bool key_padding_mask
+    [B, S] or attn_mask [L, S] / [B * num_heads, L, S] is True where a key
+    is masked OUT; float masks are added to the scores. A row whose keys
+    are all masked outputs zeros (PyTorch gives NaN there). need_weights
+    returns the softmax weights, recomputed after the fused kernel from its
+    log-sum-exp. Extra keyword arguments of __call__ (scale, softcap,
+    window, alibi_slopes, sinks, dropout_p, seed, alignment) are those of
+    simdattn.attention(). target (a name from simdattn.info()) caps the
+    code path of the weights' packing and of every call.
+    """
+
+    def __init__(self, embed_dim, num_heads, *, num_kv_heads=None, kdim=None, vdim=None,
+                 bias=True, add_bias_kv=False, batch_first=True, dtype="f32",
+                 head_dim=None, threads=None, target=None):
+        if dtype not in _DTYPE_NAMES:
+            raise ValueError(f"dtype = {dtype!r}: must be one of f32, f16, bf16")
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.batch_first, self.threads = batch_first, threads or 0
+        self.target = target or ""  # caps the code path of loading and every call
+        self._layer = 0
+        self._add_bias_kv = bool(add_bias_kv)
+        status, message, layer = _simdattn_mha.create(
+            embed_dim, num_heads, num_kv_heads or 0, head_dim or 0, kdim or 0, vdim or 0,
+            bool(bias), bool(add_bias_kv), _DTYPE_NAMES[dtype])
+        if status:
+            raise _ERRORS[status](message)
+        self._layer = layer
+
+    def __del__(self):
+        if getattr(self, "_layer", 0):
+            _simdattn_mha.destroy(self._layer)
+            self._layer = 0
+
+    def load_state_dict(self, state_dict):
+        """Loads every weight from a mapping of names to arrays or tensors."""
+        keep, tensors = [], []
+        for name, value in state_dict.items():
+            op, owner = _contiguous(value, name)
+            keep.append(owner)
+            tensors.append((str(name), op.address, op.dtype, list(op.shape)))
+        status, message = _simdattn_mha.load(self._layer, tensors, self.threads, self.target)
+        if status:
+            raise _ERRORS[status](message)
+        return self
+
+    def _act(self, x, name, unbatched):
+        op, owner = _contiguous(x, name)
+        shape = op.shape if not unbatched else ((1,) + op.shape if self.batch_first
+                                                else (op.shape[0], 1, op.shape[1]))
+        if len(shape) != 3:
+            raise ValueError(f"{name}: shape {tuple(op.shape)}, want 3-D (or 2-D unbatched)")
+        b, l = (shape[0], shape[1]) if self.batch_first else (shape[1], shape[0])
+        return (op.address, op.dtype, self.batch_first, b, l, shape[2]), owner
+
+    @staticmethod
+    def _mask(m, name, keep):
+        if m is None:
+            return (0, _BOOL, [])
+        op, owner = _contiguous(m, name, (_F32, _BOOL))
+        keep.append(owner)
+        return (op.address, op.dtype, list(op.shape))
+
+    def __call__(self, query, key=None, value=None, *, key_padding_mask=None, attn_mask=None,
+                 is_causal=False, need_weights=False, average_attn_weights=True, scale=None,
+                 softcap=0.0, window=(-1, -1), alibi_slopes=None, sinks=None, dropout_p=0.0,
+                 seed=0, alignment=None):
+        unbatched = len(query.shape) == 2
+        if (key is None) != (value is None):
+            raise ValueError("key and value: give both or neither")
+        keep = []
+        q, owner = self._act(query, "query", unbatched)
+        keep.append(owner)
+        k = v = (0, _F32, True, 0, 0, 0)
+        if key is not None:
+            k, owner_k = self._act(key, "key", unbatched)
+            v, owner_v = self._act(value, "value", unbatched)
+            keep += [owner_k, owner_v]
+        if unbatched and key_padding_mask is not None and len(key_padding_mask.shape) == 1:
+            key_padding_mask = key_padding_mask.reshape(1, -1)
+        kpm = self._mask(key_padding_mask, "key_padding_mask", keep)
+        am = self._mask(attn_mask, "attn_mask", keep)
+        b, lq = q[3], q[4]
+        lk = (k[4] if key is not None else lq) + (1 if self._has_bias_kv() else 0)
+        out = _new_array(owner, tuple(owner.shape), _is_torch(owner))
+        o = self._act(out, "out", unbatched)[0]
+        weights = None
+        import numpy as np
+        if need_weights:
+            wshape = (b, lq, lk) if average_attn_weights else (b, self.num_heads, lq, lk)
+            weights = np.empty(wshape, dtype=np.float32)
+        arrays = [np.ascontiguousarray(a, dtype="float32") if a is not None else None
+                  for a in (alibi_slopes, sinks)] if (alibi_slopes is not None or sinks is not None) else [None, None]
+        if alignment is None and is_causal:
+            alignment = "top-left"  # PyTorch's is_causal
+        attn = (scale is not None, float(scale or 0.0), bool(is_causal),
+                _ALIGNMENTS[alignment] if alignment is not None else -1, int(window[0]),
+                int(window[1]), float(softcap),
+                arrays[0].__array_interface__["data"][0] if arrays[0] is not None else 0,
+                arrays[1].__array_interface__["data"][0] if arrays[1] is not None else 0,
+                self.num_heads, float(dropout_p), int(seed))
+        waddr = weights.__array_interface__["data"][0] if weights is not None else 0
+        status, message, _ = _simdattn_mha.forward(self._layer, q, k, v, o, kpm, am, attn,
+                                                   waddr, bool(average_attn_weights),
+                                                   self.threads, self.target)
+        if status:
+            raise _ERRORS[status](message)
+        if weights is not None:
+            if unbatched:
+                weights = weights[0]
+            if _is_torch(owner):
+                import torch
+                weights = torch.from_numpy(weights)
+        return out, weights
+
+    def _has_bias_kv(self):
+        return getattr(self, "_add_bias_kv", False)
