@@ -38,6 +38,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 #if SIMDATTN_AMX
 
+// The tile instructions need their own target; the emulator runs anywhere.
+#define SIMDATTN_AMX_TARGET __attribute__((target("avx2,bmi,bmi2,fma,f16c,avx512f,avx512vl,avx512dq,avx512bw,amx-tile,amx-bf16")))
+
 // The packed K/V of one group for the tiles (AmxPackedGroupFloats floats):
 //   K:  [keys][Dk32] bf16, key rows padded with zero head dims;
 //   Vᵀ: [Dv32][keys] bf16 right after, value dims along keys.
@@ -77,6 +80,33 @@ inline void Transpose16Rows(const uint32_t* const* rows, int64_t cols,
   for (; c < cols; ++c) {
     for (int r = 0; r < 16; ++r) dst[c * dst_stride + r] = rows[r][c];
   }
+}
+
+SIMDATTN_AMX_TARGET HWY_NOINLINE inline void AmxConfigureHw() {
+  amx::HardwareTiles::Configure();
+}
+SIMDATTN_AMX_TARGET HWY_NOINLINE inline void AmxReleaseHw() {
+  amx::HardwareTiles::Release();
+}
+
+// The tile configuration of a task (AmxScoresImpl and AmxValuesImpl run
+// between these two: every tile is 16 rows of 64 bytes).
+template <class Tiles>
+HWY_INLINE void AmxConfigure() {
+  if constexpr (std::is_same_v<Tiles, amx::HardwareTiles>) AmxConfigureHw();
+}
+template <class Tiles>
+HWY_INLINE void AmxRelease() {
+  if constexpr (std::is_same_v<Tiles, amx::HardwareTiles>) AmxReleaseHw();
+}
+
+// Whether the softmax may scale the tile products' raw scores itself
+// (SoftmaxTile's `scale`) instead of a pass over them: no score option
+// comes between (causal and window cuts set -inf, which a positive scale
+// keeps).
+HWY_INLINE bool FoldScoreScale(const AttentionArgs& a) {
+  return a.scale > 0.0f && a.softcap == 0.0f && a.alibi_slopes == nullptr &&
+         a.mask_kind == MaskKind::kNone;
 }
 
 // x as bf16 (round to nearest even, NaN kept quiet) in the low 16 bits.
@@ -195,7 +225,6 @@ HWY_INLINE void AmxScoresImpl(const AmxPackedKv& p, int64_t k0,
                               int64_t key_blocks, const uint32_t* qt2,
                               int64_t mq, float* st) {
   const int64_t k_stride = p.dk32 * 2, q_stride = mq * 4, s_stride = mq * 4;
-  Tiles::Configure();
   for (int64_t kb = 0; kb < key_blocks * 32; kb += 32) {
     const uint16_t* k = p.k + (k0 + kb) * p.dk32;
     for (int64_t qb = 0; qb < mq; qb += 32) {
@@ -220,7 +249,6 @@ HWY_INLINE void AmxScoresImpl(const AmxPackedKv& p, int64_t k0,
       Tiles::template Store<3>(s + 16 * mq + 16, s_stride);
     }
   }
-  Tiles::Release();
 }
 
 // O^T[e][q] += sum_j Vᵀ[e][k0 + j] P[j][q] for value dims e < Dv32 and keys
@@ -232,7 +260,6 @@ HWY_INLINE void AmxValuesImpl(const AmxPackedKv& p, int64_t k0,
                               int64_t key_blocks, const uint32_t* pairs,
                               int64_t mq, float* acc) {
   const int64_t v_stride = p.keys * 2, q_stride = mq * 4;
-  Tiles::Configure();
   for (int64_t eb = 0; eb < p.dv32; eb += 32) {
     const uint16_t* v = p.vt + eb * p.keys + k0;
     for (int64_t qb = 0; qb < mq; qb += 32) {
@@ -257,11 +284,8 @@ HWY_INLINE void AmxValuesImpl(const AmxPackedKv& p, int64_t k0,
       Tiles::template Store<3>(o + 16 * mq + 16, q_stride);
     }
   }
-  Tiles::Release();
 }
 
-// The tile instructions need their own target; the emulator runs anywhere.
-#define SIMDATTN_AMX_TARGET __attribute__((target("avx2,bmi,bmi2,fma,f16c,avx512f,avx512vl,avx512dq,avx512bw,amx-tile,amx-bf16")))
 
 SIMDATTN_AMX_TARGET HWY_NOINLINE inline void AmxScoresHw(
     const AmxPackedKv& p, int64_t k0, int64_t key_blocks, const uint32_t* qt2,
@@ -309,6 +333,9 @@ struct AmxProducts {
   const AmxPackedKv& packed;
   const TileScratch& s;
   int64_t kv_valid;
+  bool fold_scale;  // FoldScoreScale: the softmax scales the scores
+
+  float ScoreScale() const { return fold_scale ? a.scale : 1.0f; }
 
   uint32_t* qt2() const { return reinterpret_cast<uint32_t*>(s.qt); }
 
@@ -351,6 +378,7 @@ struct AmxProducts {
     } else {
       AmxScoresImpl<Tiles>(packed, kv_begin, blocks, qt2(), s.mq, s.st);
     }
+    if (fold_scale) return;
     const auto scale = hn::Set(d, a.scale);
     const int64_t N = static_cast<int64_t>(hn::Lanes(d));
     for (int64_t i = 0; i < nk * s.mq; i += N) {

@@ -121,11 +121,15 @@ HWY_INLINE MergedPartials MergePartials(int64_t n, const float* m_parts,
 // (row stride `stride` floats; the prefill path, lanes along queries): turns
 // the scores into p_j in place, updates m, l (vectors of this column) and
 // writes alpha. Returns whether any lane's max grew (alpha != 1 somewhere).
+// The tile's scores may still want multiplying by `scale` (> 0; 1: they
+// are final): the max is taken over them as they are and scaled (scaling
+// by a positive number keeps the order), and each weight is
+// exp(s * scale - m) with one rounding.
 template <class D>
 HWY_INLINE bool SoftmaxColumn(D d, size_t stride, float* HWY_RESTRICT st,
                               int64_t num_keys, float* HWY_RESTRICT m,
                               float* HWY_RESTRICT l,
-                              float* HWY_RESTRICT alpha) {
+                              float* HWY_RESTRICT alpha, float scale = 1.0f) {
   const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
   // Max over the tile's keys in four chains, so that the max's latency (4
   // cycles on x86) does not bound the pass: two chains ran 0.3-1.2% slower.
@@ -139,16 +143,17 @@ HWY_INLINE bool SoftmaxColumn(D d, size_t stride, float* HWY_RESTRICT st,
     mx3 = hn::Max(mx3, hn::Load(d, st + (j + 3) * stride));
   }
   for (; j < num_keys; ++j) mx0 = hn::Max(mx0, hn::Load(d, st + j * stride));
+  const auto vscale = hn::Set(d, scale);
   const auto m_old = hn::Load(d, m);
   auto m_new = m_old, m_sub = m_old;
-  const auto a = OnlineStep(d, m_old, hn::Max(hn::Max(mx0, mx1), hn::Max(mx2, mx3)),
-                            m_new, m_sub);
+  const auto a = OnlineStep(
+      d, m_old, hn::Mul(hn::Max(hn::Max(mx0, mx1), hn::Max(mx2, mx3)), vscale), m_new, m_sub);
   auto sum0 = hn::Zero(d), sum1 = hn::Zero(d);
   for (j = 0; j + 2 <= num_keys; j += 2) {
     float* r0 = st + j * stride;
     float* r1 = r0 + stride;
-    const auto p0 = ExpNonPositive(d, hn::Sub(hn::Load(d, r0), m_sub));
-    const auto p1 = ExpNonPositive(d, hn::Sub(hn::Load(d, r1), m_sub));
+    const auto p0 = ExpNonPositive(d, hn::MulSub(hn::Load(d, r0), vscale, m_sub));
+    const auto p1 = ExpNonPositive(d, hn::MulSub(hn::Load(d, r1), vscale, m_sub));
     hn::Store(p0, d, r0);
     hn::Store(p1, d, r1);
     sum0 = hn::Add(sum0, p0);
@@ -156,7 +161,7 @@ HWY_INLINE bool SoftmaxColumn(D d, size_t stride, float* HWY_RESTRICT st,
   }
   if (j < num_keys) {
     float* r0 = st + j * stride;
-    const auto p0 = ExpNonPositive(d, hn::Sub(hn::Load(d, r0), m_sub));
+    const auto p0 = ExpNonPositive(d, hn::MulSub(hn::Load(d, r0), vscale, m_sub));
     hn::Store(p0, d, r0);
     sum0 = hn::Add(sum0, p0);
   }
@@ -171,12 +176,13 @@ HWY_INLINE bool SoftmaxColumn(D d, size_t stride, float* HWY_RESTRICT st,
 template <class D>
 HWY_INLINE bool SoftmaxTile(D d, int cols, float* HWY_RESTRICT st,
                             int64_t num_keys, float* HWY_RESTRICT m,
-                            float* HWY_RESTRICT l, float* HWY_RESTRICT alpha) {
+                            float* HWY_RESTRICT l, float* HWY_RESTRICT alpha,
+                            float scale = 1.0f) {
   const size_t N = hn::Lanes(d);
   bool rescale = false;
   for (size_t c = 0; c < static_cast<size_t>(cols); ++c) {
     rescale |= SoftmaxColumn(d, cols * N, st + c * N, num_keys, m + c * N,
-                             l + c * N, alpha + c * N);
+                             l + c * N, alpha + c * N, scale);
   }
   return rescale;
 }

@@ -59,6 +59,7 @@ HWY_INLINE void ValuesF32(D d, const TileScratch& s, int64_t dv,
 // f32 products on tiles read from K/V's storage (widened when 16-bit).
 struct TileProducts {
   static constexpr int64_t kKeys = kKeyTile;
+  static constexpr float ScoreScale() { return 1.0f; }  // scores come scaled
   const AttentionArgs& a;
   const KvRows& src;
   const TileScratch& s;
@@ -88,6 +89,7 @@ struct TileProducts {
 // f32 products on the group's packed K/V.
 struct PackedProducts {
   static constexpr int64_t kKeys = kKeyTile;
+  static constexpr float ScoreScale() { return 1.0f; }  // scores come scaled
   const AttentionArgs& a;
   const PackedKv& packed;
   const TileScratch& s;
@@ -120,6 +122,7 @@ struct PackedProducts {
 // scratch regions of Qt, ktile and vtile hold the pairs.
 struct NativeBf16Products {
   static constexpr int64_t kKeys = kKeyTile;
+  static constexpr float ScoreScale() { return 1.0f; }  // scores come scaled
   const AttentionArgs& a;
   const KvRows& src;
   const PackedKv& packed;  // packed.k null: tiles from storage
@@ -207,7 +210,8 @@ HWY_INLINE void TileLoop(const AttentionArgs& a, const BlockTask& t,
     products.Load(kv_begin, nk, kv_end);
     products.Scores(kv_begin, nk);
     const bool may_hide = ScoreOptions(d, a, t, rt, mask, mtile, kv_begin, nk, s);
-    const bool rescale = SoftmaxTile(d, s.cols, s.st, nk, s.m, s.l, s.alpha);
+    const bool rescale =
+        SoftmaxTile(d, s.cols, s.st, nk, s.m, s.l, s.alpha, products.ScoreScale());
     if (a.dropout_p > 0.0f) DropoutTile(d, s.cols, a, t.b, rt, kv_begin, nk, s.st);
     products.Values(kv_begin, nk, rescale ? s.alpha : nullptr, may_hide);
   }
@@ -302,8 +306,10 @@ inline void AttentionTaskImpl(const AttentionArgs& a, const Plan& plan,
                                                   plan.packed_group_floats);
     using Tiles = std::conditional_t<kPath == Bf16Path::kAmx, amx::HardwareTiles,
                                      amx::EmulatedTiles>;
-    AmxProducts<Tiles> products{a, src, packed, s, t.kv_valid};
+    AmxProducts<Tiles> products{a, src, packed, s, t.kv_valid, FoldScoreScale(a)};
+    AmxConfigure<Tiles>();  // once per task: both products use one layout
     TiledBlock(a, plan, wave, task, t, rt, scratch, lay, s, t.kv_start, t.kv_end, products);
+    AmxRelease<Tiles>();
     return;
   }
 #endif
