@@ -3,6 +3,10 @@
 // next to the 16-bit entries of decode_entries.cc, and prefill with an int8
 // K/V (qf32kvi8) next to the f32 prefill. The bytes counter is what a call
 // reads of K and V: their bytes as stored plus int8's per-token scales.
+// paired/qf32kv<fmt>/<shape>/bf16_vs_<fmt>/threads:<n> alternates the bf16
+// decode (A) with the quantized one (B) on the same shape; its ratio is
+// time(fmt) / time(bf16), which drift on a shared machine moves less than
+// two separate entries.
 
 #include <unistd.h>
 
@@ -129,28 +133,51 @@ AttentionOptions QuantOptions(const QuantCopies& c, const Shape& s, QuantFmt f,
   return o;
 }
 
+// One quantized decode call on copy *i of c (then *i moves to the next
+// copy); false (and the entry marked as an error) if it fails.
+bool QuantDecodeCall(benchmark::State& state, QuantCopies& c, const Shape& s, QuantFmt f,
+                     const ExecutionOptions& exec, size_t* i, RunInfo* info) {
+  const auto o = MakeBHSD(c.o.data(), DType::kF32, s.batch, s.q_heads, s.q_len, s.head_dim);
+  const auto q = MakeBHSD(c.q[*i].data(), DType::kF32, s.batch, s.q_heads, s.q_len, s.head_dim);
+  const Status st = Attention(q, c.k[*i]->View(f, s.batch, s.kv_heads, s.kv_len, s.head_dim),
+                              c.v[*i]->View(f, s.batch, s.kv_heads, s.kv_len, s.head_dim), o,
+                              QuantOptions(c, s, f, *i), {}, exec, info);
+  if (!st.ok()) {
+    state.SkipWithError(st.message.c_str());
+    return false;
+  }
+  *i = (*i + 1) % c.copies;
+  return true;
+}
+
 void BenchQuantDecode(benchmark::State& state, const Shape& s, QuantFmt f, int threads) {
   const std::shared_ptr<QuantCopies> c = CachedQuantCopies(s, f);
   ThreadPool pool(threads);
   ExecutionOptions exec;
   exec.pool = &pool;
-  const auto o = MakeBHSD(c->o.data(), DType::kF32, s.batch, s.q_heads, s.q_len, s.head_dim);
   RunInfo info;
   size_t i = 0;
   for (auto _ : state) {
-    const auto q = MakeBHSD(c->q[i].data(), DType::kF32, s.batch, s.q_heads, s.q_len,
-                            s.head_dim);
-    const Status st = Attention(q, c->k[i]->View(f, s.batch, s.kv_heads, s.kv_len, s.head_dim),
-                                c->v[i]->View(f, s.batch, s.kv_heads, s.kv_len, s.head_dim),
-                                o, QuantOptions(*c, s, f, i), {}, exec, &info);
-    if (!st.ok()) {
-      state.SkipWithError(st.message.c_str());
-      return;
-    }
-    i = (i + 1) % c->copies;
+    if (!QuantDecodeCall(state, *c, s, f, exec, &i, &info)) return;
   }
   state.SetLabel(std::string(info.target) + " " + info.path);
   SetDecodeCounters(state, s, c->kv_bytes);
+}
+
+// A: the bf16 decode of shape s, B: the same shape with a cache in f.
+void BenchPairedQuantDecode(benchmark::State& state, const Shape& s, QuantFmt f,
+                            int threads) {
+  const std::shared_ptr<DecodeCopies> bf16 = CachedDecodeCopies(s, KvStore::kBF16);
+  const std::shared_ptr<QuantCopies> c = CachedQuantCopies(s, f);
+  ThreadPool pool(threads);
+  ExecutionOptions exec;
+  exec.pool = &pool;
+  RunInfo info;
+  size_t ia = 0, ib = 0;
+  TimePairs(
+      state, [&] { return DecodeCall(state, *bf16, s, KvStore::kBF16, {}, exec, &ia); },
+      [&] { return QuantDecodeCall(state, *c, s, f, exec, &ib, &info); });
+  state.SetLabel(std::string(info.target) + " " + info.path);
 }
 
 // Prefill with int8 K/V (f32 Q and O), the f32 problem's K and V quantized.
@@ -183,6 +210,11 @@ void RegisterQuantEntries(const BenchConfig& config) {
         Register(std::string("attention/simdattn/qf32kv") + FmtName(f) + "/" + s.Name() +
                      "/none" + ThreadsField(threads),
                  [s, f, threads](benchmark::State& st) { BenchQuantDecode(st, s, f, threads); });
+        Register(std::string("paired/qf32kv") + FmtName(f) + "/" + s.Name() + "/bf16_vs_" +
+                     FmtName(f) + ThreadsField(threads),
+                 [s, f, threads](benchmark::State& st) {
+                   BenchPairedQuantDecode(st, s, f, threads);
+                 });
       }
     }
   }

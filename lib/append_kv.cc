@@ -1,16 +1,19 @@
 // AppendKv (serving.h): new tokens' K and V rows, K (and q) optionally
-// rotated by RoPE, converted to the caches' storage types and written at
-// their slots. A memory-bound copy: a scalar loop per row, split over
-// tokens on the executor's threads.
+// rotated by RoPE, converted to the caches' storage types (or computed in
+// f32 and quantized with lib/quant.h's quantizers) and written at their
+// slots. A memory-bound copy: a scalar loop per row, split over tokens on
+// the executor's threads.
 
 #include <algorithm>
 #include <cstdint>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "lib/append_validate.h"
 #include "lib/dtype.h"
 #include "lib/parallel.h"
+#include "lib/quant.h"
 #include "simdattn/serving.h"
 
 namespace simdattn {
@@ -104,21 +107,69 @@ struct Rows {
   Rows() = default;
   explicit Rows(const TensorView& v)
       : data(static_cast<uint8_t*>(const_cast<void*>(v.data))) {
-    for (int i = 0; i < 3; ++i) stride[i] = v.strides[i] * DTypeSize(v.dtype);
+    // q8_0's strides are already in bytes.
+    const int64_t unit = v.dtype == DType::kQ8_0 ? 1 : DTypeSize(v.dtype);
+    for (int i = 0; i < 3; ++i) stride[i] = v.strides[i] * unit;
   }
   uint8_t* Row(int64_t i0, int64_t i1, int64_t i2) const {
     return data + i0 * stride[0] + i1 * stride[1] + i2 * stride[2];
   }
 };
 
-// Everything a task needs; tokens [i * tokens_per_task, ...) are task i's.
+// How rows reach one cache: `row` converts a new row (rotating it) into
+// the cache's dtype, or, for a quantized cache, into f32 scratch that
+// Store() then quantizes into the cache.
+struct CacheWriter {
+  Rows cache;
+  RowFn row = nullptr;
+  DType dtype = DType::kF32;
+  Rows scales;         // an int8 cache's scale cache
+  float scale = 1.0f;  // an fp8 cache's per-tensor scale
+
+  bool quantized() const {
+    return dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16;
+  }
+
+  CacheWriter() = default;
+  CacheWriter(const MutableTensorView& c, DType in, const MutableTensorView& s,
+              float sc)
+      : cache(c), dtype(c.dtype), scales(s), scale(sc) {
+    row = PickRow(in, quantized() ? DType::kF32 : c.dtype);
+  }
+
+  // Row src of a new token (d values) into slot (block, h, r); `scratch`
+  // holds d floats.
+  void Write(const uint8_t* src, int64_t d, const Rotation& rot, int64_t block,
+             int64_t h, int64_t r, float* scratch) const {
+    uint8_t* dst = cache.Row(block, h, r);
+    if (!quantized()) {
+      row(src, dst, d, rot);
+      return;
+    }
+    row(src, scratch, d, rot);
+    if (dtype == DType::kInt8) {
+      const float sc = QuantizeRowInt8(scratch, d, reinterpret_cast<int8_t*>(dst));
+      *reinterpret_cast<float*>(scales.Row(block, h, r)) = sc;
+    } else if (dtype == DType::kQ8_0) {
+      QuantizeRowQ8_0(scratch, d, dst);
+    } else {
+      QuantizeRowFp8(scratch, d, scale, dtype == DType::kFp8E4M3, dst);
+    }
+  }
+};
+
+// Everything a task needs; tokens [i * tokens_per_task, ...) are task i's,
+// floats [i * scratch_per_task, ...) of scratch its f32 rows.
 struct AppendJob {
   AppendProblem p;
-  Rows k_new, v_new, k_cache, v_cache, q;
-  RowFn k_row = nullptr, v_row = nullptr, q_row = nullptr;
+  Rows k_new, v_new, q;
+  CacheWriter k, v;
+  RowFn q_row = nullptr;
   const int32_t* slots = nullptr;
   RotaryEmbedding rotary;
   int64_t tokens_per_task = 1;
+  float* scratch = nullptr;  // quantized caches only
+  int64_t scratch_per_task = 0;
 
   Rotation RotationOf(int64_t t) const {
     Rotation r;
@@ -132,18 +183,18 @@ struct AppendJob {
 };
 
 // Token t: its K and V rows into their slot (none for a negative slot),
-// its q rows rotated in place.
-void AppendToken(const AppendJob& job, int64_t t) {
+// its q rows rotated in place. scratch: the task's f32 rows.
+void AppendToken(const AppendJob& job, int64_t t, float* scratch) {
   const AppendProblem& p = job.p;
   const Rotation rot = job.RotationOf(t);
   const int32_t slot = job.slots[t];
   if (slot >= 0) {
     const int64_t block = slot / p.block_size, row = slot % p.block_size;
     for (int64_t h = 0; h < p.kv_heads; ++h) {
-      job.k_row(job.k_new.Row(0, h, t), job.k_cache.Row(block, h, row),
-                p.head_dim_k, rot);
-      job.v_row(job.v_new.Row(0, h, t), job.v_cache.Row(block, h, row),
-                p.head_dim_v, Rotation());
+      job.k.Write(job.k_new.Row(0, h, t), p.head_dim_k, rot, block, h, row,
+                  scratch);
+      job.v.Write(job.v_new.Row(0, h, t), p.head_dim_v, Rotation(), block, h,
+                  row, scratch);
     }
   }
   if (p.rotate_q) {
@@ -158,7 +209,9 @@ void AppendTask(void* arg, int64_t i) {
   const AppendJob& job = *static_cast<const AppendJob*>(arg);
   const int64_t begin = i * job.tokens_per_task;
   const int64_t end = std::min(begin + job.tokens_per_task, job.p.tokens);
-  for (int64_t t = begin; t < end; ++t) AppendToken(job, t);
+  float* scratch =
+      job.scratch == nullptr ? nullptr : job.scratch + i * job.scratch_per_task;
+  for (int64_t t = begin; t < end; ++t) AppendToken(job, t, scratch);
 }
 
 // Elements a task should at least move: about 64 KiB of f32, so that the
@@ -190,6 +243,15 @@ Status AppendKv(const TensorView& k_new, const TensorView& v_new,
                 const MutableTensorView& v_cache, const int32_t* slot_mapping,
                 const RotaryEmbedding& rotary, const MutableTensorView& q,
                 const ExecutionOptions& exec) {
+  return AppendKv(k_new, v_new, k_cache, v_cache, slot_mapping, rotary, q, exec,
+                  QuantizedCacheScales());
+}
+
+Status AppendKv(const TensorView& k_new, const TensorView& v_new,
+                const MutableTensorView& k_cache,
+                const MutableTensorView& v_cache, const int32_t* slot_mapping,
+                const RotaryEmbedding& rotary, const MutableTensorView& q,
+                const ExecutionOptions& exec, const QuantizedCacheScales& scales) {
   try {
     if (exec.parallel_for_threads < 0) {
       return Failure(StatusCode::kInvalidArgument,
@@ -199,14 +261,12 @@ Status AppendKv(const TensorView& k_new, const TensorView& v_new,
     }
     AppendJob job;
     const Status s = ValidateAppend(k_new, v_new, k_cache, v_cache,
-                                    slot_mapping, rotary, q, &job.p);
+                                    slot_mapping, rotary, q, scales, &job.p);
     if (!s.ok() || job.p.tokens == 0) return s;
     job.k_new = Rows(k_new);
     job.v_new = Rows(v_new);
-    job.k_cache = Rows(k_cache);
-    job.v_cache = Rows(v_cache);
-    job.k_row = PickRow(k_new.dtype, k_cache.dtype);
-    job.v_row = PickRow(v_new.dtype, v_cache.dtype);
+    job.k = CacheWriter(k_cache, k_new.dtype, scales.k_scales, scales.k_scale);
+    job.v = CacheWriter(v_cache, v_new.dtype, scales.v_scales, scales.v_scale);
     if (job.p.rotate_q) {
       job.q = Rows(q);
       job.q_row = PickRow(q.dtype, q.dtype);
@@ -216,6 +276,12 @@ Status AppendKv(const TensorView& k_new, const TensorView& v_new,
     job.tokens_per_task = TokensPerTask(job.p, ExecutorThreads(exec));
     const int64_t num_tasks =
         (job.p.tokens + job.tokens_per_task - 1) / job.tokens_per_task;
+    std::vector<float> scratch;
+    if (job.k.quantized() || job.v.quantized()) {
+      job.scratch_per_task = std::max(job.p.head_dim_k, job.p.head_dim_v);
+      scratch.resize(static_cast<size_t>(num_tasks * job.scratch_per_task));
+      job.scratch = scratch.data();
+    }
     if (num_tasks == 1) {
       AppendTask(&job, 0);  // too little work to wake the pool
     } else {

@@ -5,11 +5,13 @@
 #include "lib/append_validate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "lib/quant.h"
 #include "lib/validate.h"
 
 namespace simdattn {
@@ -30,16 +32,18 @@ constexpr DimNames kCacheK = {"num_blocks", "Hkv", "block_size", "Dk"};
 constexpr DimNames kCacheV = {"num_blocks", "Hkv", "block_size", "Dv"};
 constexpr DimNames kQ = {"1", "Hq", "tokens", "Dk"};
 
-// One view alone: storage dtype, positive extents (extent 2 may be 0 when
-// `tokens_dim`: no new tokens), data for a non-empty view, unit last
-// stride, offsets within int64. *range is empty for an empty view.
+// One view alone: storage dtype (any K/V dtype for a cache), positive
+// extents (extent 2 may be 0 when `tokens_dim`: no new tokens), data for a
+// non-empty view, unit last stride, q8_0's D % 32 == 0, offsets within
+// int64. *range is empty for an empty view.
 Status CheckView(const char* name, DimNames& dims, const TensorView& v,
-                 bool tokens_dim, ByteRange* range) {
+                 bool tokens_dim, ByteRange* range, bool cache = false) {
   std::ostringstream os;
-  if (!IsStorageType(v.dtype)) {
+  if (cache ? !IsKvType(v.dtype) : !IsStorageType(v.dtype)) {
     os << name << ".dtype = "
        << (KnownDType(v.dtype) ? DTypeName(v.dtype) : "unknown")
-       << ": must be f32, f16 or bf16";
+       << (cache ? ": must be f32, f16, bf16, int8, q8_0, fp8_e4m3 or fp8_e5m2"
+                 : ": must be f32, f16 or bf16");
     return Invalid(os.str());
   }
   for (int i = 0; i < 4; ++i) {
@@ -66,11 +70,27 @@ Status CheckView(const char* name, DimNames& dims, const TensorView& v,
        << ": the last dimension must be contiguous (stride 1)";
     return Invalid(os.str());
   }
+  if (v.dtype == DType::kQ8_0 && v.shape[3] % kQ8Block != 0) {
+    os << name << ".shape[3] (" << dims[3] << ") = " << v.shape[3]
+       << ": q8_0 needs a multiple of 32 (its blocks of 32 values)";
+    return Invalid(os.str());
+  }
   if (!ComputeRange(v.data, v.dtype, v.shape, v.strides, range)) {
     return Invalid(std::string(name) + ": offsets of shape " +
                    ShapeString(v.shape) + " with its strides overflow int64");
   }
   return Status::Ok();
+}
+
+// A view as the bytes it covers: a q8_0 view (strides[0..2] already in
+// bytes) as one of int8 bytes whose rows are its D / 32 blocks of 34
+// bytes; any other view unchanged. For the overlap checks.
+TensorView AsBytes(const TensorView& v) {
+  if (v.dtype != DType::kQ8_0) return v;
+  TensorView b = v;
+  b.dtype = DType::kInt8;
+  b.shape[3] = Q8_0RowBytes(v.shape[3]);
+  return b;
 }
 
 // One extent of `name` against the value `want` it must have.
@@ -122,10 +142,11 @@ Status CheckKvExtents(const TensorView& kn, const TensorView& vn,
     return Invalid("k_cache.shape[2] (block_size) = " +
                    std::to_string(kc.shape[2]) + ": must be a multiple of 8");
   }
-  if (SelfOverlaps(kc.shape, kc.strides)) {
+  const TensorView kb = AsBytes(kc), vb = AsBytes(vc);
+  if (SelfOverlaps(kb.shape, kb.strides)) {
     return Invalid("k_cache.strides make distinct elements of k_cache share memory");
   }
-  if (SelfOverlaps(vc.shape, vc.strides)) {
+  if (SelfOverlaps(vb.shape, vb.strides)) {
     return Invalid("v_cache.strides make distinct elements of v_cache share memory");
   }
   p->tokens = kn.shape[2];
@@ -203,6 +224,62 @@ Status CheckQ(const MutableTensorView& q, AppendProblem* p, ByteRange* range) {
   }
   p->q_heads = q.shape[1];
   p->rotate_q = true;
+  return Status::Ok();
+}
+
+// The scales of one cache (`side` "k" or "v"): an int8 cache's scale
+// cache, f32 [num_blocks, Hkv, block_size, 1] written per slot (else it
+// must be empty), an fp8 cache's per-tensor scale, finite and > 0 (else it
+// must be 1). *range is the scale cache's bytes (empty when none).
+Status CheckCacheScales(const std::string& side, DType cache,
+                        const MutableTensorView& scales, float scale,
+                        const AppendProblem& p, ByteRange* range) {
+  static constexpr DimNames kScaleDims = {"num_blocks", "Hkv", "block_size", "1"};
+  const std::string name = side + "_scales", cache_name = side + "_cache";
+  *range = ByteRange();
+  std::ostringstream os;
+  if (cache != DType::kInt8) {
+    if (scales.data != nullptr || scales.shape[0] != 0 || scales.shape[1] != 0 ||
+        scales.shape[2] != 0 || scales.shape[3] != 0) {
+      return Invalid(name + " is set but " + cache_name + ".dtype = " +
+                     DTypeName(cache) + ": only an int8 cache has a scale cache "
+                     "(leave it empty)");
+    }
+  } else {
+    if (scales.data == nullptr) {
+      return Invalid(name + ".data is null: an int8 " + cache_name +
+                     " needs its scale cache, f32 [num_blocks, Hkv, block_size, 1]");
+    }
+    if (scales.dtype != DType::kF32) {
+      return Invalid(name + ".dtype = " +
+                     (KnownDType(scales.dtype) ? DTypeName(scales.dtype) : "unknown") +
+                     ": must be f32");
+    }
+    const TensorView v = scales;
+    const Status s = CheckView(name.c_str(), kScaleDims, v, false, range);
+    if (!s.ok()) return s;
+    const int64_t want[4] = {p.num_blocks, p.kv_heads, p.block_size, 1};
+    for (int i = 0; i < 4; ++i) {
+      if (v.shape[i] != want[i]) {
+        return Invalid(name + ".shape " + ShapeString(v.shape) + " must be " +
+                       ShapeString(want) + " ([num_blocks, Hkv, block_size, 1])");
+      }
+    }
+    if (SelfOverlaps(v.shape, v.strides)) {
+      return Invalid(name + ".strides make distinct slots share a scale");
+    }
+  }
+  const bool fp8 = cache == DType::kFp8E4M3 || cache == DType::kFp8E5M2;
+  if (fp8 && !(std::isfinite(scale) && scale > 0.0f)) {
+    os << side << "_scale = " << scale << ": must be finite and > 0 (the fp8 "
+       << cache_name << "'s per-tensor scale)";
+    return Invalid(os.str());
+  }
+  if (!fp8 && scale != 1.0f) {
+    os << side << "_scale = " << scale << " but " << cache_name << ".dtype = "
+       << DTypeName(cache) << ": only an fp8 cache takes a scale (leave it 1)";
+    return Invalid(os.str());
+  }
   return Status::Ok();
 }
 
@@ -327,14 +404,21 @@ Status ValidateAppend(const TensorView& k_new, const TensorView& v_new,
                       const MutableTensorView& v_cache,
                       const int32_t* slot_mapping,
                       const RotaryEmbedding& rotary,
-                      const MutableTensorView& q, AppendProblem* p) {
-  ByteRange rkn, rvn, rkc, rvc, rq;
+                      const MutableTensorView& q,
+                      const QuantizedCacheScales& scales, AppendProblem* p) {
+  ByteRange rkn, rvn, rkc, rvc, rq, rks, rvs;
   Status s = CheckView("k_new", kNewK, k_new, true, &rkn);
   if (s.ok()) s = CheckView("v_new", kNewV, v_new, true, &rvn);
-  if (s.ok()) s = CheckView("k_cache", kCacheK, k_cache, false, &rkc);
-  if (s.ok()) s = CheckView("v_cache", kCacheV, v_cache, false, &rvc);
+  if (s.ok()) s = CheckView("k_cache", kCacheK, k_cache, false, &rkc, true);
+  if (s.ok()) s = CheckView("v_cache", kCacheV, v_cache, false, &rvc, true);
   AppendProblem out;
   if (s.ok()) s = CheckKvExtents(k_new, v_new, k_cache, v_cache, &out);
+  if (s.ok()) {
+    s = CheckCacheScales("k", k_cache.dtype, scales.k_scales, scales.k_scale, out, &rks);
+  }
+  if (s.ok()) {
+    s = CheckCacheScales("v", v_cache.dtype, scales.v_scales, scales.v_scale, out, &rvs);
+  }
   if (!s.ok()) return s;
   if (slot_mapping == nullptr && out.tokens > 0) {
     return Invalid("slot_mapping is null with " + std::to_string(out.tokens) +
@@ -347,9 +431,11 @@ Status ValidateAppend(const TensorView& k_new, const TensorView& v_new,
   if (s.ok()) s = CheckSlotsUnique(slot_mapping, out.tokens);
   if (!s.ok()) return s;
   const bool rotary_used = out.rotary_dim > 0;
-  const TensorView kc = k_cache, vc = v_cache, qv = q;
-  const Named outputs[] = {
-      {"k_cache", rkc, &kc}, {"v_cache", rvc, &vc}, {"q", rq, &qv}};
+  const TensorView kc = AsBytes(k_cache), vc = AsBytes(v_cache), qv = q;
+  const TensorView ks = scales.k_scales, vs = scales.v_scales;
+  const Named outputs[] = {{"k_cache", rkc, &kc}, {"v_cache", rvc, &vc},
+                           {"q", rq, &qv},        {"k_scales", rks, &ks},
+                           {"v_scales", rvs, &vs}};
   const Named inputs[] = {
       {"k_new", rkn, &k_new},
       {"v_new", rvn, &v_new},
@@ -359,7 +445,7 @@ Status ValidateAppend(const TensorView& k_new, const TensorView& v_new,
       {"rotary.cos", ArrayRange(rotary_used ? rotary.cos : nullptr, table_bytes)},
       {"rotary.sin", ArrayRange(rotary_used ? rotary.sin : nullptr, table_bytes)},
   };
-  s = CheckAliasing(outputs, 3, inputs, 6);
+  s = CheckAliasing(outputs, 5, inputs, 6);
   if (!s.ok()) return s;
   *p = out;
   return Status::Ok();

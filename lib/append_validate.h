@@ -21,15 +21,16 @@ struct AppendProblem {
 };
 
 // Checks every argument of AppendKv (SEMANTICS.md "Appending to a paged
-// cache" and "Bad input"), reading slot_mapping and rotary.positions, and
-// fills *p. Reads no K/V data and writes nothing. May throw std::bad_alloc
+// cache", "Quantized KV caches" and "Bad input"), reading slot_mapping and
+// rotary.positions, and fills *p. Reads no K/V data and writes nothing. May throw std::bad_alloc
 // (the duplicate-slot check sorts a copy of slot_mapping).
 Status ValidateAppend(const TensorView& k_new, const TensorView& v_new,
                       const MutableTensorView& k_cache,
                       const MutableTensorView& v_cache,
                       const int32_t* slot_mapping,
                       const RotaryEmbedding& rotary,
-                      const MutableTensorView& q, AppendProblem* p);
+                      const MutableTensorView& q,
+                      const QuantizedCacheScales& scales, AppendProblem* p);
 
 }  // namespace simdattn
 

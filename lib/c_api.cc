@@ -422,10 +422,23 @@ Status ConvertRotary(const simdattn_rotary* c, RotaryEmbedding* out) {
   return Status::Ok();
 }
 
+Status ConvertKvScales(const simdattn_kv_scales* c, QuantizedCacheScales* out) {
+  if (c == nullptr) return Status::Ok();
+  const Status s = CheckStructSize("simdattn_kv_scales", c, c->struct_size,
+                                   sizeof(simdattn_kv_scales));
+  if (!s.ok()) return s;
+  out->k_scales = ToMutableView(c->k_scales);
+  out->v_scales = ToMutableView(c->v_scales);
+  out->k_scale = c->k_scale;
+  out->v_scale = c->v_scale;
+  return Status::Ok();
+}
+
 Status CAppendKv(const simdattn_tensor* k_new, const simdattn_tensor* v_new,
                  const simdattn_tensor* k_cache, const simdattn_tensor* v_cache,
                  const int32_t* slot_mapping, const simdattn_rotary* rotary,
-                 const simdattn_tensor* q, const simdattn_exec* exec) {
+                 const simdattn_tensor* q, const simdattn_exec* exec,
+                 const simdattn_kv_scales* scales) {
   if (k_new == nullptr) return Invalid("k_new is NULL");
   if (v_new == nullptr) return Invalid("v_new is NULL");
   if (k_cache == nullptr) return Invalid("k_cache is NULL");
@@ -436,9 +449,12 @@ Status CAppendKv(const simdattn_tensor* k_new, const simdattn_tensor* v_new,
   ExecutionOptions ex;
   s = ConvertExec(exec, &ex);
   if (!s.ok()) return s;
+  QuantizedCacheScales qs;
+  s = ConvertKvScales(scales, &qs);
+  if (!s.ok()) return s;
   return AppendKv(ToView(*k_new), ToView(*v_new), ToMutableView(*k_cache),
                   ToMutableView(*v_cache), slot_mapping, rot,
-                  q != nullptr ? ToMutableView(*q) : MutableTensorView(), ex);
+                  q != nullptr ? ToMutableView(*q) : MutableTensorView(), ex, qs);
 }
 
 #define SIMDATTN_STR2(x) #x
@@ -591,7 +607,29 @@ int simdattn_append_kv(const simdattn_tensor* k_new, const simdattn_tensor* v_ne
                        const simdattn_tensor* q, const simdattn_exec* exec) {
   return simdattn::Guarded([&] {
     return simdattn::CAppendKv(k_new, v_new, k_cache, v_cache, slot_mapping, rotary, q,
-                               exec);
+                               exec, nullptr);
+  });
+}
+
+void simdattn_kv_scales_init(simdattn_kv_scales* scales) {
+  if (scales == nullptr) return;
+  std::memset(scales, 0, sizeof(*scales));
+  scales->struct_size = sizeof(*scales);
+  scales->k_scale = 1.0f;
+  scales->v_scale = 1.0f;
+}
+
+int simdattn_append_kv_quantized(const simdattn_tensor* k_new,
+                                 const simdattn_tensor* v_new,
+                                 const simdattn_tensor* k_cache,
+                                 const simdattn_tensor* v_cache,
+                                 const int32_t* slot_mapping,
+                                 const simdattn_rotary* rotary,
+                                 const simdattn_tensor* q, const simdattn_exec* exec,
+                                 const simdattn_kv_scales* scales) {
+  return simdattn::Guarded([&] {
+    return simdattn::CAppendKv(k_new, v_new, k_cache, v_cache, slot_mapping, rotary, q,
+                               exec, scales);
   });
 }
 

@@ -107,6 +107,15 @@ inline void QuantizeRowQ8_0(const float* x, int64_t n, uint8_t* out) {
   }
 }
 
+// n values stored as fp8 (e4m3 when `e4m3`, else e5m2): x / scale rounded
+// to nearest even, saturating at the largest finite value.
+inline void QuantizeRowFp8(const float* x, int64_t n, float scale, bool e4m3,
+                           uint8_t* q) {
+  for (int64_t i = 0; i < n; ++i) {
+    q[i] = e4m3 ? F32ToE4M3(x[i] / scale) : F32ToE5M2(x[i] / scale);
+  }
+}
+
 // Element i of a q8_0 row, dequantized (exactly, in f32: d * q has at most
 // 11 + 8 significant bits).
 inline float Q8_0Value(const uint8_t* row, int64_t i) {

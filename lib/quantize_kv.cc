@@ -146,10 +146,7 @@ Status QuantizeKv(const TensorView& x, const MutableTensorView& out,
           } else if (out.dtype == DType::kQ8_0) {
             QuantizeRowQ8_0(row.data(), d, q);
           } else {
-            const bool e4 = out.dtype == DType::kFp8E4M3;
-            for (int64_t i = 0; i < d; ++i) {
-              q[i] = e4 ? F32ToE4M3(row[i] / scale) : F32ToE5M2(row[i] / scale);
-            }
+            QuantizeRowFp8(row.data(), d, scale, out.dtype == DType::kFp8E4M3, q);
           }
         }
     return Status::Ok();

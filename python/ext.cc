@@ -143,11 +143,15 @@ py::tuple Attention(const Operand& q, const Operand& k, const Operand& v,
 // the rotary embedding; a positions address of 0: no rotation.
 using Rotary = std::tuple<uintptr_t, uintptr_t, uintptr_t, int64_t, int64_t, bool>;
 
-// Runs simdattn_append_kv; returns (status, message).
+// (k_scales, v_scales, k_scale, v_scale) of quantized caches: the int8
+// scale caches' operands (None: none) and the fp8 scales.
+using KvScales = std::tuple<py::object, py::object, float, float>;
+
+// Runs simdattn_append_kv_quantized; returns (status, message).
 py::tuple AppendKv(const Operand& k_new, const Operand& v_new,
                    const Operand& k_cache, const Operand& v_cache,
                    uintptr_t slot_mapping, py::object q, const Rotary& rotary,
-                   int32_t threads) {
+                   const KvScales& kv_scales, int32_t threads) {
   const simdattn_tensor tk = ToTensor(k_new), tv = ToTensor(v_new),
                         tkc = ToTensor(k_cache), tvc = ToTensor(v_cache);
   simdattn_tensor tq;
@@ -161,6 +165,16 @@ py::tuple AppendKv(const Operand& k_new, const Operand& v_new,
   rot.max_position = std::get<3>(rotary);
   rot.rotary_dim = std::get<4>(rotary);
   rot.interleaved = std::get<5>(rotary);
+  simdattn_kv_scales scales;
+  simdattn_kv_scales_init(&scales);
+  if (!std::get<0>(kv_scales).is_none()) {
+    scales.k_scales = ToTensor(std::get<0>(kv_scales).cast<Operand>());
+  }
+  if (!std::get<1>(kv_scales).is_none()) {
+    scales.v_scales = ToTensor(std::get<1>(kv_scales).cast<Operand>());
+  }
+  scales.k_scale = std::get<2>(kv_scales);
+  scales.v_scale = std::get<3>(kv_scales);
   simdattn_exec exec;
   simdattn_exec_init(&exec);
   if (threads > 0) {
@@ -173,9 +187,9 @@ py::tuple AppendKv(const Operand& k_new, const Operand& v_new,
   std::string message;
   {
     py::gil_scoped_release release;
-    status = simdattn_append_kv(&tk, &tv, &tkc, &tvc,
-                                reinterpret_cast<const int32_t*>(slot_mapping), &rot,
-                                has_q ? &tq : nullptr, &exec);
+    status = simdattn_append_kv_quantized(
+        &tk, &tv, &tkc, &tvc, reinterpret_cast<const int32_t*>(slot_mapping), &rot,
+        has_q ? &tq : nullptr, &exec, &scales);
     if (status != SIMDATTN_OK) message = simdattn_last_error();
   }
   return py::make_tuple(status, message);

@@ -139,7 +139,7 @@ TEST(AppendKvValidateTest, ViewsMustBeUsable) {
       {"last stride", [](Call* c, AppendData*) { c->v_new.strides[3] = 2; },
        "v_new.strides[3] = 2: the last dimension must be contiguous"},
       {"dtype", [](Call* c, AppendData*) { c->k_cache.dtype = DType::kBool; },
-       "k_cache.dtype = bool: must be f32, f16 or bf16"},
+       "k_cache.dtype = bool: must be f32, f16, bf16, int8, q8_0, fp8_e4m3 or fp8_e5m2"},
       {"overflow", [](Call* c, AppendData*) { c->k_cache.strides[0] = int64_t{1} << 62; },
        "k_cache: offsets of shape [4, 2, 8, 16] with its strides overflow int64"},
       {"cache rows share memory", [](Call* c, AppendData*) { c->v_cache.strides[1] = 0; },

@@ -31,7 +31,9 @@ struct QuantCall {
     q.assign(2 * 4 * 3 * 64, 0.25f);
     k.assign(2 * 2 * 5 * 64, 3);
     v.assign(2 * 2 * 5 * 2 * 34, 0);
-    k_scales.assign(2 * 2 * 5, 0.01f);
+    // 20 scales, in a buffer as large as o: a test that moves o onto the
+    // scales overlaps them and nothing else, wherever the heap put q.
+    k_scales.assign(2 * 4 * 3 * 64, 0.01f);
     o.assign(2 * 4 * 3 * 64, -7.0f);
     qv = MakeBHSD(q.data(), DType::kF32, 2, 4, 3, 64);
     kv = MakeBHSD(k.data(), DType::kInt8, 2, 2, 5, 64);

@@ -27,6 +27,7 @@
 
 #include "lib/dtype.h"
 #include "simdattn/attention.h"
+#include "simdattn/serving.h"
 #include "tools/mha_command.h"
 #include "tools/npy.h"
 
@@ -288,6 +289,28 @@ bool ParseStorageType(const std::string& flag, const std::string& text,
   return true;
 }
 
+// Parses --kv-dtype: a storage type or a quantized K/V format (int8, q8_0,
+// fp8_e4m3, fp8_e5m2).
+bool ParseKvType(const std::string& text, DType* out, std::string* error) {
+  const struct {
+    const char* name;
+    DType dtype;
+  } quantized[] = {{"int8", DType::kInt8},
+                   {"q8_0", DType::kQ8_0},
+                   {"fp8_e4m3", DType::kFp8E4M3},
+                   {"fp8_e5m2", DType::kFp8E5M2}};
+  for (const auto& q : quantized) {
+    if (text == q.name) {
+      *out = q.dtype;
+      return true;
+    }
+  }
+  if (ParseStorageType("--kv-dtype", text, out, error)) return true;
+  *error = "--kv-dtype must be f32, f16, bf16, int8, q8_0, fp8_e4m3 or fp8_e5m2, got '" +
+           text + "'";
+  return false;
+}
+
 // The storage types of Q and O (`qo`) and of K and V (`kv`) from --dtype and
 // --kv-dtype: --dtype sets all four, --kv-dtype sets K and V when --dtype is
 // f32 (or absent); a non-f32 --dtype with a different --kv-dtype conflicts.
@@ -301,7 +324,7 @@ bool ParseStorageTypes(const RunArgs& args, DType* qo, DType* kv,
   *kv = *qo;
   if (args.kv_dtype_given) {
     DType k;
-    if (!ParseStorageType("--kv-dtype", args.kv_dtype, &k, error)) {
+    if (!ParseKvType(args.kv_dtype, &k, error)) {
       return false;
     }
     if (*qo != DType::kF32 && k != *qo) {
@@ -699,13 +722,24 @@ bool ParseRunConfig(const RunArgs& args, RunConfig* config,
   return true;
 }
 
+// K or V in a quantized format: QuantizeKv's output, dense [B, H, L, D]
+// (q8_0: rows of D / 32 blocks), int8's per-row scales, fp8's scale.
+struct QuantizedInput {
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;  // int8: [B, H, L]
+  float scale = 1.0f;         // fp8
+  TensorView scales_view;     // int8 only
+};
+
 // Q, K and V as read from their files, and the views Attention() reads.
 // Inputs are rounded to their storage type (round to nearest even) into
 // 16-bit copies in the file's element order, so the views keep the file's
-// layout. Not copyable: the views point into the arrays.
+// layout; a quantized K/V type (--kv-dtype int8, ...) is QuantizeKv's
+// dense copy instead. Not copyable: the views point into the arrays.
 struct InputTensors {
   npy::Array q, k, v;
   std::vector<uint16_t> q16, k16, v16;
+  QuantizedInput k8, v8;
   std::vector<int64_t> lq, lk, lv;  // logical [B, H, L, D] of each
   TensorView qv, kv, vv;
 
@@ -732,6 +766,46 @@ TensorView MakeInputView(const npy::Array& a, DType dtype, bool bshd,
               : MakeBHSD(data, dtype, l[0], l[1], l[2], l[3]);
 }
 
+// The f32 view `wide` stored by QuantizeKv in `dtype` (a quantized K/V
+// format) into *out: int8 with a scale per row, fp8 with the per-tensor
+// scale max|x| / 448 (e4m3) or / 57344 (e5m2), 1 for an all-zero or
+// non-finite tensor. Returns the quantized view, or data null with *error.
+TensorView Quantize(const char* flag, const TensorView& wide, DType dtype,
+                    QuantizedInput* out, std::string* error) {
+  const int64_t* l = wide.shape;
+  const int64_t rows = l[0] * l[1] * l[2];
+  const int64_t row_bytes =
+      dtype == DType::kQ8_0 ? l[3] / 32 * 34 : l[3];  // int8 and fp8: a byte each
+  out->bytes.assign(static_cast<size_t>(rows * row_bytes), 0);
+  MutableTensorView q = MakeBHSD(out->bytes.data(), dtype, l[0], l[1], l[2], l[3]);
+  if (dtype == DType::kQ8_0) {
+    const int64_t st[3] = {l[1] * l[2] * row_bytes, l[2] * row_bytes, row_bytes};
+    for (int i = 0; i < 3; ++i) q.strides[i] = st[i];
+  }
+  MutableTensorView sv;
+  if (dtype == DType::kInt8) {
+    out->scales.assign(static_cast<size_t>(rows), 0.0f);
+    sv = MakeBHSD(out->scales.data(), DType::kF32, l[0], l[1], l[2], 1);
+    out->scales_view = sv;
+  }
+  if (dtype == DType::kFp8E4M3 || dtype == DType::kFp8E5M2) {
+    float amax = 0.0f;
+    const float* x = static_cast<const float*>(wide.data);
+    // The file's element order: every element once, whatever the layout.
+    for (int64_t i = 0; i < rows * l[3] && std::isfinite(amax); ++i) {
+      amax = std::isnan(x[i]) ? x[i] : std::fmax(amax, std::fabs(x[i]));
+    }
+    const float max = dtype == DType::kFp8E4M3 ? 448.0f : 57344.0f;
+    out->scale = std::isfinite(amax) && amax > 0.0f ? amax / max : 1.0f;
+  }
+  const Status s = QuantizeKv(wide, q, sv, out->scale);
+  if (!s.ok()) {
+    *error = std::string(flag) + " as --kv-dtype " + DTypeName(dtype) + ": " + s.message;
+    return TensorView();
+  }
+  return q;
+}
+
 bool LoadInputs(const RunArgs& args, const RunConfig& config,
                 InputTensors* in, std::string* error) {
   if (!LoadInput("--q", args.q, &in->q, error) ||
@@ -743,8 +817,19 @@ bool LoadInputs(const RunArgs& args, const RunConfig& config,
   in->lk = LogicalShape(in->k, config.bshd);
   in->lv = LogicalShape(in->v, config.bshd);
   in->qv = MakeInputView(in->q, config.qo_type, config.bshd, &in->q16, in->lq);
-  in->kv = MakeInputView(in->k, config.kv_type, config.bshd, &in->k16, in->lk);
-  in->vv = MakeInputView(in->v, config.kv_type, config.bshd, &in->v16, in->lv);
+  const bool quantized = config.kv_type == DType::kInt8 ||
+                         config.kv_type == DType::kQ8_0 ||
+                         config.kv_type == DType::kFp8E4M3 ||
+                         config.kv_type == DType::kFp8E5M2;
+  const DType wide = quantized ? DType::kF32 : config.kv_type;
+  in->kv = MakeInputView(in->k, wide, config.bshd, &in->k16, in->lk);
+  in->vv = MakeInputView(in->v, wide, config.bshd, &in->v16, in->lv);
+  if (quantized) {
+    in->kv = Quantize("--k", in->kv, config.kv_type, &in->k8, error);
+    if (in->kv.data == nullptr) return false;
+    in->vv = Quantize("--v", in->vv, config.kv_type, &in->v8, error);
+    if (in->vv.data == nullptr) return false;
+  }
   return true;
 }
 
@@ -873,7 +958,12 @@ bool Compute(const RunArgs& args, const RunConfig& config,
     exec.pool = pool.get();
   }
   simdattn::RunInfo info;
-  const Status s = Attention(in.qv, in.kv, in.vv, out->ov, config.options,
+  AttentionOptions options = config.options;  // with a quantized K/V's scales
+  options.k_scales = in.k8.scales_view;
+  options.v_scales = in.v8.scales_view;
+  options.k_scale = in.k8.scale;
+  options.v_scale = in.v8.scale;
+  const Status s = Attention(in.qv, in.kv, in.vv, out->ov, options,
                              out->lsev, exec, &info);
   if (!s.ok()) {
     *error = std::string(StatusCodeName(s.code)) + ": " + s.message;
@@ -1056,7 +1146,10 @@ void AddRunExecutionOptions(CLI::App* run, RunArgs* args,
   given->kv_dtype = run->add_option(
       "--kv-dtype", args->kv_dtype,
       "f32 (default), f16 or bf16: storage type of K and V only (inputs "
-      "rounded to it); with a non-f32 --dtype it must agree");
+      "rounded to it); or int8, q8_0, fp8_e4m3, fp8_e5m2: K and V quantized "
+      "with QuantizeKv (int8 a scale per row, q8_0 per block of 32, fp8 "
+      "with scale max|x| / 448 or / 57344); with a non-f32 --dtype it must "
+      "agree");
   run->add_flag("--verbose", args->verbose,
                 "print the target that ran on stderr");
 }

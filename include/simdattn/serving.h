@@ -118,7 +118,8 @@ struct RotaryEmbedding {
 // to page slot_mapping[t] / block_size, row slot_mapping[t] % block_size
 // (vLLM's convention); a negative slot skips the token (padding). k_new
 // [1, Hkv, tokens, Dk] and v_new [1, Hkv, tokens, Dv] (MakeTokenMajor) are
-// converted to the caches' dtype with round to nearest even. With
+// converted to the caches' dtype (f32, f16 or bf16 here; quantized caches
+// take the overload below) with round to nearest even. With
 // rotary.positions set, K is rotated before it is stored, and so is q
 // ([1, Hq, tokens, Dk], in place) when q.data is not null. Two tokens may
 // not map to one slot. Bad input: kInvalidArgument and nothing written.
@@ -142,6 +143,38 @@ SIMDATTN_API Status AppendKv(const TensorView& k_new, const TensorView& v_new,
                              const RotaryEmbedding& rotary = {},
                              const MutableTensorView& q = {},
                              const ExecutionOptions& exec = {});
+
+// The scales AppendKv needs for quantized caches (SEMANTICS.md "Quantized
+// KV caches"). An int8 cache has a scale cache beside it, f32
+// [num_blocks, Hkv, block_size, 1] (a scale per slot, the view that
+// PagedAttention takes as AttentionOptions::k_scales / v_scales), into
+// which AppendKv writes each written row's scale; it stays empty ({}) for
+// other caches. An fp8 cache has the caller's per-tensor scale (finite,
+// > 0); it stays 1 for other caches.
+struct QuantizedCacheScales {
+  MutableTensorView k_scales;  // int8 k_cache only
+  MutableTensorView v_scales;  // int8 v_cache only
+  float k_scale = 1.0f;        // fp8 k_cache only
+  float v_scale = 1.0f;        // fp8 v_cache only
+};
+
+// AppendKv into caches of any K/V dtype, quantized ones included (the
+// call above is this one with scales = {}). A quantized cache's rows are
+// computed in f32 (converted, K rotated) and stored as QuantizeKv stores
+// them, with the same rounding code: int8 with scale max|x| / 127 of the
+// row (written to the scale cache at the token's slot), q8_0 per block of
+// 32 values with its f16 scale, fp8 as x / scale saturating at the largest
+// finite value (NaN stays NaN). q8_0 caches need D % 32 == 0 and byte
+// strides[0..2]. Missing, misshaped or superfluous scales are
+// kInvalidArgument naming k_scales, v_scales, k_scale or v_scale.
+SIMDATTN_API Status AppendKv(const TensorView& k_new, const TensorView& v_new,
+                             const MutableTensorView& k_cache,
+                             const MutableTensorView& v_cache,
+                             const int32_t* slot_mapping,
+                             const RotaryEmbedding& rotary,
+                             const MutableTensorView& q,
+                             const ExecutionOptions& exec,
+                             const QuantizedCacheScales& scales);
 
 // ---------------------------------------------------------------- Quantize
 

@@ -349,6 +349,38 @@ SIMDATTN_C_API int simdattn_append_kv(const simdattn_tensor* k_new,
                                       const simdattn_tensor* q,
                                       const simdattn_exec* exec);
 
+/* The scales of quantized caches for simdattn_append_kv_quantized
+ * (serving.h's QuantizedCacheScales): an int8 cache's scale cache, f32
+ * [num_blocks, Hkv, block_size, 1] (the view simdattn_options' k_scales /
+ * v_scales take for paged attention), written at each written slot, data
+ * NULL for other caches; an fp8 cache's per-tensor scale (finite, > 0), 1
+ * for other caches. simdattn_kv_scales_init() sets struct_size, empty
+ * scale caches and scales of 1. */
+typedef struct simdattn_kv_scales {
+  size_t struct_size; /* sizeof(simdattn_kv_scales) */
+  simdattn_tensor k_scales;
+  simdattn_tensor v_scales;
+  float k_scale;
+  float v_scale;
+} simdattn_kv_scales;
+
+SIMDATTN_C_API void simdattn_kv_scales_init(simdattn_kv_scales* scales);
+
+/* simdattn_append_kv into caches of any K/V dtype: f32, f16, bf16 as
+ * there, and SIMDATTN_INT8, _Q8_0, _FP8_E4M3, _FP8_E5M2, whose rows are
+ * computed in f32 (K rotated) and quantized as simdattn_quantize_kv does
+ * (int8: scale max|x| / 127 per row into scales->k_scales / v_scales;
+ * q8_0: per block of 32, D % 32 == 0, byte strides; fp8: x / k_scale
+ * (v_scale), saturating). scales may be NULL (no quantized cache).
+ * Returns as simdattn_append_kv; a missing, misshaped or superfluous scale
+ * is SIMDATTN_INVALID_ARGUMENT naming it, with nothing written. */
+SIMDATTN_C_API int simdattn_append_kv_quantized(
+    const simdattn_tensor* k_new, const simdattn_tensor* v_new,
+    const simdattn_tensor* k_cache, const simdattn_tensor* v_cache,
+    const int32_t* slot_mapping, const simdattn_rotary* rotary,
+    const simdattn_tensor* q, const simdattn_exec* exec,
+    const simdattn_kv_scales* scales);
+
 /* ---------------------------------------------------------- quantize */
 
 /* Stores x (F32, F16 or BF16, logical [d0, d1, d2, D]) in out's quantized

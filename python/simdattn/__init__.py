@@ -516,9 +516,43 @@ def _rotary(positions, cos, sin, q, tokens, interleaved):
     return rot, (pos_mem, cos_mem, sin_mem)
 
 
+def _append_scales(fmt, scales, scale, side, nhd):
+    """The scale cache operand (int8, written) and per-tensor scale (fp8) of
+    one cache of append_kv, and the object holding the scale cache."""
+    op = None
+    if scales is not None:
+        if fmt != "int8":
+            raise ValueError(f"{side}_scales is given but {side}_format is "
+                             f"{fmt!r}: only an int8 cache has a scale cache")
+        op = _describe(scales, f"{side}_scales", (_F32,))
+        if not op.writable:
+            raise ValueError(f"{side}_scales is read-only: the new tokens' scales "
+                             "are written into it")
+        if len(op.shape) != 3:
+            raise ValueError(f"{side}_scales has shape {op.shape}: must be 3-D, "
+                             "[num_blocks, block_size, Hkv] (NHD) or [num_blocks, "
+                             "Hkv, block_size] (HND)")
+        op.shape += (1,)
+        op.strides += (1,)
+        if nhd:
+            op.shape = (op.shape[0], op.shape[2], op.shape[1], 1)
+            op.strides = (op.strides[0], op.strides[2], op.strides[1], 1)
+    elif fmt == "int8":
+        raise ValueError(f"{side}_format is 'int8': {side}_scales (its scale cache, "
+                         "float32, one per slot) is required")
+    if scale is not None:
+        if fmt not in _FP8_MAX:
+            raise ValueError(f"{side}_scale = {scale!r} but {side}_format is {fmt!r}: "
+                             "only fp8 caches take a per-tensor scale")
+        if not isinstance(scale, (int, float)):
+            raise ValueError(f"{side}_scale = {scale!r}: must be a number")
+    return (None if op is None else op.as_tuple()), (1.0 if scale is None else float(scale))
+
+
 def append_kv(k_new, v_new, k_cache, v_cache, slot_mapping, *, q=None, positions=None,
               cos=None, sin=None, rotary_interleaved=False, kv_layout="NHD",
-              threads=None):
+              threads=None, k_format=None, v_format=None, k_scales=None,
+              v_scales=None, k_scale=None, v_scale=None):
     """Writes new tokens' K and V into a paged KV cache, in place.
 
     k_new [tokens, Hkv, Dk], v_new [tokens, Hkv, Dv]: NumPy arrays (float32,
@@ -544,6 +578,17 @@ def append_kv(k_new, v_new, k_cache, v_cache, slot_mapping, *, q=None, positions
     threads: None for the library's pool of all cores, else a pool of that
     many threads. Returns None.
 
+    Quantized caches: k_format / v_format "int8", "q8_0", "fp8_e4m3" or
+    "fp8_e5m2" with the cache a uint8 or int8 array as quantize_kv makes
+    (q8_0: the last dimension D / 32 blocks of 34 bytes). The rows are
+    computed in float32 (K rotated) and stored as quantize_kv stores them.
+    An int8 cache needs k_scales / v_scales, its float32 scale cache
+    [num_blocks, block_size, Hkv] ("NHD") or [num_blocks, Hkv, block_size]
+    ("HND"), into which each row's scale max|x| / 127 is written (pass it
+    to paged_attention as k_scale / v_scale); an fp8 cache takes
+    k_scale / v_scale, its per-tensor scale (default 1; x / scale is
+    stored, saturating).
+
     Raises ValueError for invalid arguments (two tokens on one slot, a slot
     or position out of range, mismatched shapes, a read-only cache, ...;
     nothing is written then), TypeError for operands that are neither
@@ -556,16 +601,20 @@ def append_kv(k_new, v_new, k_cache, v_cache, slot_mapping, *, q=None, positions
         raise ValueError(f"threads = {threads!r}: must be None or an int in 1..1024")
     ko = _token_rows(k_new, "k_new")
     vo = _token_rows(v_new, "v_new")
-    kc = _paged(k_cache, "k_cache", kv_layout)
-    vc = _paged(v_cache, "v_cache", kv_layout)
+    kc = _paged(k_cache, "k_cache", kv_layout, fmt=k_format)
+    vc = _paged(v_cache, "v_cache", kv_layout, fmt=v_format)
     qo = None if q is None else _token_rows(q, "q", writable=True)
     _check_append_shapes(ko, vo, kc, vc, qo)
+    nhd = kv_layout == "NHD"
+    ks, kv = _append_scales(k_format, k_scales, k_scale, "k", nhd)
+    vs, vv = _append_scales(v_format, v_scales, v_scale, "v", nhd)
     tokens = ko.user_shape[0]
     slots, slots_mem = _int32_vector(slot_mapping, "slot_mapping", tokens)
     rot, rot_mem = _rotary(positions, cos, sin, q, tokens, rotary_interleaved)
     status, message = _simdattn.append_kv(
         ko.as_tuple(), vo.as_tuple(), kc.as_tuple(), vc.as_tuple(), slots,
-        None if qo is None else qo.as_tuple(), rot, 0 if threads is None else threads)
+        None if qo is None else qo.as_tuple(), rot, (ks, vs, kv, vv),
+        0 if threads is None else threads)
     del slots_mem, rot_mem  # held until the call returned
     if status != _simdattn.OK:
         raise _ERRORS.get(status, RuntimeError)(message)

@@ -138,3 +138,59 @@ def test_format_errors():
         simdattn.attention(q, k, k, k_format="int4", v_format="int8")
     with pytest.raises(ValueError, match="uint8 or int8"):
         simdattn.attention(q, q, q, k_format="fp8_e4m3")
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q8_0", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+def test_append_kv_quantizes_as_quantize_kv(fmt, kv_layout):
+    rng = np.random.default_rng(11)
+    tokens, hkv, d, nb, bs, max_pos = 7, 2, 64, 3, 8, 20
+    k_new = rng.uniform(-2, 2, (tokens, hkv, d)).astype(np.float32)
+    v_new = rng.uniform(-2, 2, (tokens, hkv, d)).astype(np.float32)
+    slots = np.array([5, -1, 17, 0, 9, 23, 2], np.int32)
+    positions = rng.integers(0, max_pos, tokens).astype(np.int32)
+    angles = rng.uniform(0, 6, (max_pos, d // 2)).astype(np.float32)
+    rope = dict(positions=positions, cos=np.cos(angles), sin=np.sin(angles))
+    shape = (nb, bs, hkv, d) if kv_layout == "NHD" else (nb, hkv, bs, d)
+    k32, v32 = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    simdattn.append_kv(k_new, v_new, k32, v32, slots, kv_layout=kv_layout, **rope)
+    scale = {"fp8_e4m3": 0.01, "fp8_e5m2": 0.5}.get(fmt)
+    k_want, k_sc = simdattn.quantize_kv(k32, fmt, scale=scale)
+    v_want, v_sc = simdattn.quantize_kv(v32, fmt, scale=scale)
+    kq = np.full(k_want.shape, 0xA5, np.uint8)
+    vq = np.full(v_want.shape, 0xA5, np.uint8)
+    kwargs = {}
+    if fmt == "int8":
+        kwargs = dict(k_scales=np.full(k_sc.shape, -1, np.float32),
+                      v_scales=np.full(v_sc.shape, -1, np.float32))
+    elif scale is not None:
+        kwargs = dict(k_scale=scale, v_scale=scale)
+    simdattn.append_kv(k_new, v_new, kq, vq, slots, kv_layout=kv_layout, k_format=fmt,
+                       v_format=fmt, **kwargs, **rope)
+    for s in range(nb * bs):
+        index = (s // bs, s % bs) if kv_layout == "NHD" else (s // bs, slice(None), s % bs)
+        written = s in slots
+        for got, want in ((kq, k_want), (vq, v_want)):
+            if written:
+                np.testing.assert_array_equal(got[index], want[index])
+            else:
+                assert (got[index] == 0xA5).all()
+        if fmt == "int8":
+            for got, want in ((kwargs["k_scales"], k_sc), (kwargs["v_scales"], v_sc)):
+                np.testing.assert_array_equal(got[index], want[index] if written else -1)
+
+
+def test_append_kv_quantized_errors():
+    k_new = np.ones((2, 2, 32), np.float32)
+    k8 = np.zeros((2, 8, 2, 32), np.uint8)
+    scales = np.zeros((2, 8, 2), np.float32)
+    with pytest.raises(ValueError, match="k_scales"):
+        simdattn.append_kv(k_new, k_new, k8, k8.copy(), [0, 1], k_format="int8",
+                           v_format="int8", v_scales=scales)
+    with pytest.raises(ValueError, match="v_scales is given"):
+        simdattn.append_kv(k_new, k_new, k8, k8.copy(), [0, 1], k_format="fp8_e4m3",
+                           v_format="fp8_e5m2", v_scales=scales)
+    with pytest.raises(ValueError, match="k_scale = 0"):
+        simdattn.append_kv(k_new, k_new, k8, k8.copy(), [0, 1], k_format="fp8_e4m3",
+                           v_format="fp8_e5m2", k_scale=0.0)
+    assert (k8 == 0).all() and (scales == 0).all()
