@@ -3,7 +3,8 @@
 // simdattn_mha_* equals the double reference of the whole layer, with
 // need_weights and a PyTorch key_padding_mask through the C structs; the
 // step call over a dense cache (prefill then single tokens) equals one
-// causal forward; and the checks only the C structs allow (NULL pointers,
+// causal forward; paged steps with RoPE (simdattn_mha_step_paged) equal the
+// reference with RoPE; and the checks only the C structs allow (NULL pointers,
 // struct_size) name the argument in simdattn_last_error().
 
 #include <algorithm>
@@ -170,6 +171,60 @@ TEST(CApiMhaTest, StepsOverADenseCacheEqualOneCausalForward) {
   double err = 0.0;
   for (size_t i = 0; i < full.size(); ++i) err = std::max(err, double(std::fabs(full[i] - steps[i])));
   EXPECT_LE(err, 1e-5);
+  simdattn_mha_destroy(layer);
+}
+
+TEST(CApiMhaTest, PagedStepsWithRopeEqualTheReference) {
+  std::mt19937 rng(63);
+  MhaConfig c;
+  MhaWeights w;
+  simdattn_mha* layer = MakeCLayer("llama", &rng, &c, &w);
+  ASSERT_NE(layer, nullptr);
+  const int64_t B = 2, L = 10, E = 32, Hkv = 2, D = 8, block = 8, pages = 4;
+  std::vector<float> x = RandomFloats(size_t(B * L * E), &rng), steps(x.size());
+  std::vector<float> kc(size_t(pages * block * Hkv * D)), vc(kc.size());
+  const simdattn_tensor k_cache = simdattn_paged_nhd(kc.data(), SIMDATTN_F32, pages, block, Hkv, D);
+  const simdattn_tensor v_cache = simdattn_paged_hnd(vc.data(), SIMDATTN_F32, pages, block, Hkv, D);
+  const int32_t block_table[4] = {2, 0, 3, 1};
+  int32_t seq_lens[2] = {0, 0};
+  simdattn_mha_rotary rotary;
+  simdattn_mha_rotary_init(&rotary);
+  rotary.enabled = 1;
+  rotary.rotary_dim = 4;
+  rotary.theta = 1000.0;
+  for (int64_t t0 = 0; t0 < L; t0 = seq_lens[0]) {
+    const int64_t T = t0 == 0 ? 6 : 1;  // a prefill chunk, then tokens
+    std::vector<float> xt(size_t(B * T * E)), ot(xt.size());
+    CopyTokens(&x, &xt, B, L, E, t0, T, true);
+    const simdattn_mha_tensor xs = CTensor(xt.data(), B, T, E), os = CTensor(ot.data(), B, T, E);
+    ASSERT_EQ(simdattn_mha_step_paged(layer, &xs, &k_cache, &v_cache, block_table, 2, 0,
+                                      seq_lens, &rotary, &os, nullptr, nullptr, nullptr),
+              SIMDATTN_OK)
+        << simdattn_last_error();
+    EXPECT_EQ(seq_lens[1], t0 + T);
+    CopyTokens(&steps, &ot, B, L, E, t0, T, false);
+  }
+  MhaRotary r;
+  r.enabled = true;
+  r.rotary_dim = 4;
+  r.theta = 1000.0;
+  MhaForwardOptions causal;
+  causal.attention.causal = true;
+  std::vector<double> want;
+  ASSERT_TRUE(ReferenceMha(c, w, {&x, &x, &x, B, L, L, true, &r}, causal, &want, nullptr));
+  EXPECT_LE(MaxError(steps, want), 1e-4);
+  rotary.struct_size = 4;
+  ASSERT_NE(simdattn_mha_step_paged(layer, nullptr, &k_cache, &v_cache, block_table, 2, 0,
+                                    seq_lens, &rotary, nullptr, nullptr, nullptr, nullptr),
+            SIMDATTN_OK);
+  EXPECT_NE(std::string(simdattn_last_error()).find("x"), std::string::npos);
+  std::vector<float> x1(size_t(B * E)), o1(x1.size());
+  const simdattn_mha_tensor xs = CTensor(x1.data(), B, 1, E), os = CTensor(o1.data(), B, 1, E);
+  EXPECT_EQ(simdattn_mha_step_paged(layer, &xs, &k_cache, &v_cache, block_table, 2, 0, seq_lens,
+                                    &rotary, &os, nullptr, nullptr, nullptr),
+            SIMDATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(simdattn_last_error()).find("simdattn_mha_rotary"), std::string::npos)
+      << simdattn_last_error();
   simdattn_mha_destroy(layer);
 }
 
