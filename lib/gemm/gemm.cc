@@ -104,9 +104,9 @@ void PackGroup(const GemmInput& a, int64_t r0, int64_t rows, int64_t k, float* d
   }
 }
 
-// Row block i of A widened to f32 and packed as GemmArgs::a describes:
-// the broadcasts of a row tile then read one sequential stream instead of
-// row_tile rows lda apart (4 KiB apart at k 1024: one L1 set for all).
+// Row block i of 16-bit A widened to f32 and packed as GemmArgs::a
+// describes (f32 A is read in place: packing it cost more than the
+// broadcasts' reads of row_tile rows lda apart saved).
 // Group g (rows [g R, g R + R)) lies at g R k, the m % R last rows at
 // (m / R) R k: both at r0 k for the group's first row r0.
 void PackRows(void* arg, int64_t i) {
@@ -156,9 +156,15 @@ Status Gemm(const GemmInput& a, const PackedWeights& w, int first, int end,
   job.kernels = w.kernels;
   g.m = a.m;
   g.k = w.k;
-  float* packed_a = t_packed_a.Get(static_cast<size_t>(a.m * w.k));
-  if (packed_a == nullptr) return OutOfMemory("the packed rows of a");
-  g.a = packed_a;
+  if (a.dtype == DType::kF32) {
+    g.a = static_cast<const float*>(a.data);  // read in place: no copy of A
+    g.lda = a.lda;
+  } else {
+    float* packed_a = t_packed_a.Get(static_cast<size_t>(a.m * w.k));
+    if (packed_a == nullptr) return OutOfMemory("the packed rows of a");
+    g.a = packed_a;
+    g.lda = 0;
+  }
   g.packed = w.data.get();
   g.bias = w.bias.get();
   g.panel_col = w.panel_col.data();
@@ -173,8 +179,10 @@ Status Gemm(const GemmInput& a, const PackedWeights& w, int first, int end,
   g.ldc = ldc;
   const int64_t row_tile = w.kernels->row_tile();
   g.mc = row_tile * std::max<int64_t>(1, kRowsPerTask / row_tile);
-  PackAJob pj{a, w.k, row_tile, g.mc, packed_a};
-  RunTasks(exec, (a.m + g.mc - 1) / g.mc, &PackRows, &pj);
+  if (g.lda == 0) {
+    PackAJob pj{a, w.k, row_tile, g.mc, const_cast<float*>(g.a)};
+    RunTasks(exec, (a.m + g.mc - 1) / g.mc, &PackRows, &pj);
+  }
   g.kc = std::max<int64_t>(16, kChunkBytes / (w.panel_cols * 4));
   g.nc_panels = std::max<int64_t>(1, kPanelBytesPerTask / (w.k * w.panel_cols * 4));
   job.acc_floats = static_cast<size_t>(g.mc * w.panel_cols);
