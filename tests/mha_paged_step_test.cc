@@ -172,6 +172,9 @@ TEST(MhaPagedStepTest, ErrorsNameTheArgument) {
   pages.seq_lens[1] = 13;  // 13 + 4 > 2 pages of 8
   expect(layer->StepPaged(xt, &cache, ot), StatusCode::kInvalidArgument, "seq_lens[1]");
   pages.seq_lens[1] = 0;
+  pages.block_table[2] = -1;
+  expect(layer->StepPaged(xt, &cache, ot), StatusCode::kInvalidArgument, "block_table[2]");
+  pages.block_table[2] = 4;
   MhaForwardOptions options;
   options.rotary.enabled = true;
   options.rotary.rotary_dim = 3;

@@ -113,7 +113,13 @@ Status Placement(MultiHeadAttention::Impl* m, const MhaPagedKvCache& cache, int6
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       const int64_t pos = cache.seq_lens[b] + t;
-      const int64_t page = cache.block_table[b * stride + pos / bs];
+      const int64_t entry = b * stride + pos / bs;
+      const int64_t page = cache.block_table[entry];
+      if (page < 0 || page >= cache.k.shape[0]) {  // a negative slot would skip the token
+        return MhaInvalid("cache->block_table[" + std::to_string(entry) + "] = " +
+                          std::to_string(page) + ": want a page in [0, " +
+                          std::to_string(cache.k.shape[0]) + ")");
+      }
       m->positions[size_t(b * T + t)] = int32_t(pos);
       m->slots[size_t(b * T + t)] = int32_t(page * bs + pos % bs);
     }
