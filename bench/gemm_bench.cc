@@ -2,14 +2,24 @@
 // the MHA entries (fused QKV and output of B1 L2048 E1024 H16; QKV and
 // output of one decode token at E4096 H32 KV8), simdattn's packed GEMM
 // against oneDNN's matmul, both with bias and weights packed once outside
-// the timed loop. Counters: FLOPS = 2·M·N·K, bytes = A, W, bias and C once.
+// the timed loop. The M = 1 entries read their weights cold: each
+// iteration takes the next of enough packed copies to exceed twice the
+// last-level cache (as bench/decode_entries.cc rotates K/V). Counters:
+// FLOPS = 2·M·N·K, bytes = A, W, bias and C once.
+// paired/gemm/f32/<shape>/onednn_vs_simdattn/threads:1 times both in
+// alternation (bench/common.h TimePairs): ratio = simdattn / oneDNN time.
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "bench/common.h"
+#include "bench/entries.h"
 #include "bench/mha_entries.h"
 #include "bench/onednn_matmul.h"
 #include "lib/gemm/gemm.h"
@@ -62,40 +72,98 @@ void SetGemmCounters(benchmark::State& state, const GemmShape& s) {
   state.counters["bytes"] = benchmark::Counter(bytes * it, benchmark::Counter::kIsRate);
 }
 
-void BenchGemmSimdattn(benchmark::State& state, const GemmShape& s, int threads) {
-  GemmProblem& p = CachedGemmProblem(s);
-  ThreadPool pool(threads);
+// Copies of the weights each implementation rotates through: 1 for the
+// M > 1 shapes (their weights are read again by every row block anyway),
+// else enough to exceed twice the last-level cache.
+size_t WeightCopies(const GemmShape& s) {
+  if (s.m > 1) return 1;
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  const double llc = l3 > 0 ? double(l3) : double(int64_t{64} << 20);
+  return size_t(2.0 * llc / (4.0 * double(s.n * s.k))) + 1;
+}
+
+// simdattn's side of an entry: the packed copies and the pool.
+struct SimdattnGemm {
+  ThreadPool pool;
   ExecutionOptions exec;
-  exec.pool = &pool;
-  const WeightMatrix w{p.w, DType::kF32, s.n, s.k, p.bias.data(), DType::kF32};
-  PackedWeights packed;
-  Status st = PackWeights(&w, 1, s.k, exec, &packed);
-  const GemmInput a{p.a.data(), DType::kF32, s.m, s.k};
-  for (auto _ : state) {
-    if (st.ok()) st = Gemm(a, packed, 0, 1, p.c.data(), DType::kF32, s.n, exec);
-    if (!st.ok()) {
-      state.SkipWithError(st.message.c_str());
-      return;
+  std::vector<PackedWeights> packed;
+  Status status;
+  size_t next = 0;
+  SimdattnGemm(const GemmShape& s, GemmProblem& p, int threads) : pool(threads) {
+    exec.pool = &pool;
+    const WeightMatrix w{p.w, DType::kF32, s.n, s.k, p.bias.data(), DType::kF32};
+    packed.resize(WeightCopies(s));
+    for (PackedWeights& pw : packed) {
+      if (status.ok()) status = PackWeights(&w, 1, s.k, exec, &pw);
     }
+  }
+  // One product on the next copy; false after marking the entry as failed.
+  bool Run(benchmark::State& state, const GemmShape& s, GemmProblem& p) {
+    const GemmInput a{p.a.data(), DType::kF32, s.m, s.k};
+    if (status.ok()) {
+      status = Gemm(a, packed[next], 0, 1, p.c.data(), DType::kF32, s.n, exec);
+    }
+    next = (next + 1) % packed.size();
+    if (!status.ok()) state.SkipWithError(status.message.c_str());
+    benchmark::DoNotOptimize(p.c.data());
+    return status.ok();
+  }
+};
+
+// oneDNN's side: one primitive (with its reordered weights) per copy.
+struct OneDnnGemm {
+  std::vector<std::unique_ptr<OneDnnMatmul>> mm;
+  size_t next = 0;
+  // False after marking the entry as failed.
+  bool Make(benchmark::State& state, const GemmShape& s, GemmProblem& p) {
+    for (size_t i = WeightCopies(s); i > 0; --i) {
+      mm.emplace_back(new OneDnnMatmul(s.m, s.n, s.k, p.w, p.bias.data()));
+      if (!mm.back()->error().empty()) {
+        state.SkipWithError(mm.back()->error().c_str());
+        return false;
+      }
+    }
+    return true;
+  }
+  void Run(GemmProblem& p, int threads) {
+    mm[next]->Run(p.a.data(), p.c.data(), threads);
+    next = (next + 1) % mm.size();
     benchmark::DoNotOptimize(p.c.data());
   }
-  state.SetLabel(packed.target);
+};
+
+void BenchGemmSimdattn(benchmark::State& state, const GemmShape& s, int threads) {
+  GemmProblem& p = CachedGemmProblem(s);
+  SimdattnGemm g(s, p, threads);
+  for (auto _ : state) {
+    if (!g.Run(state, s, p)) return;
+  }
+  if (g.status.ok()) state.SetLabel(g.packed[0].target);
   SetGemmCounters(state, s);
 }
 
 void BenchGemmOneDnn(benchmark::State& state, const GemmShape& s, int threads) {
   GemmProblem& p = CachedGemmProblem(s);
-  OneDnnMatmul mm(s.m, s.n, s.k, p.w, p.bias.data());
-  if (!mm.error().empty()) {
-    state.SkipWithError(mm.error().c_str());
-    return;
-  }
-  for (auto _ : state) {
-    mm.Run(p.a.data(), p.c.data(), threads);
-    benchmark::DoNotOptimize(p.c.data());
-  }
-  state.SetLabel(mm.implementation());
+  OneDnnGemm g;
+  if (!g.Make(state, s, p)) return;
+  for (auto _ : state) g.Run(p, threads);
+  state.SetLabel(g.mm[0]->implementation());
   SetGemmCounters(state, s);
+}
+
+// ratio = simdattn's time / oneDNN's, the calls alternating.
+void BenchGemmPaired(benchmark::State& state, const GemmShape& s, int threads) {
+  GemmProblem& p = CachedGemmProblem(s);
+  OneDnnGemm dnn;
+  if (!dnn.Make(state, s, p)) return;
+  SimdattnGemm g(s, p, threads);
+  TimePairs(
+      state,
+      [&] {
+        dnn.Run(p, threads);
+        return true;
+      },
+      [&] { return g.Run(state, s, p); });
 }
 
 }  // namespace
@@ -109,6 +177,10 @@ void RegisterGemmEntries(const BenchConfig& config) {
                [s, threads](benchmark::State& st) { BenchGemmSimdattn(st, s, threads); });
       Register("gemm/onednn" + tail,
                [s, threads](benchmark::State& st) { BenchGemmOneDnn(st, s, threads); });
+      if (PairableWithOneDnn(threads)) {
+        Register("paired/gemm/f32/" + s.Name() + "/onednn_vs_simdattn" + ThreadsField(threads),
+                 [s, threads](benchmark::State& st) { BenchGemmPaired(st, s, threads); }, 3.0);
+      }
     }
   }
 }

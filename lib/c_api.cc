@@ -807,10 +807,90 @@ Status CMhaStep(simdattn_mha* layer, const simdattn_mha_tensor* x, const simdatt
   return s;
 }
 
+Status ConvertRotary(const simdattn_mha_rotary* c, MhaRotary* out) {
+  if (c == nullptr) return Status::Ok();
+  const Status s = CheckStructSize("simdattn_mha_rotary", c, c->struct_size,
+                                   sizeof(simdattn_mha_rotary));
+  if (!s.ok()) return s;
+  out->enabled = c->enabled != 0;
+  out->rotary_dim = c->rotary_dim;
+  out->interleaved = c->interleaved != 0;
+  out->cos = c->cos;
+  out->sin = c->sin;
+  out->max_position = c->max_position;
+  out->theta = c->theta;
+  return Status::Ok();
+}
+
+struct CPagedStep {
+  const simdattn_tensor* k_cache;
+  const simdattn_tensor* v_cache;
+  const int32_t* block_table;
+  int64_t max_blocks_per_seq, block_table_stride;
+  int32_t* seq_lens;
+  const simdattn_mha_rotary* rotary;
+};
+
+Status CMhaStepPaged(simdattn_mha* layer, const simdattn_mha_tensor* x, const CPagedStep& p,
+                     const simdattn_mha_tensor* out, const simdattn_mha_options* options,
+                     const simdattn_exec* exec, simdattn_run_info* info) {
+  if (layer == nullptr) return Invalid("layer is NULL");
+  if (x == nullptr) return Invalid("x is NULL");
+  if (p.k_cache == nullptr) return Invalid("k_cache is NULL");
+  if (p.v_cache == nullptr) return Invalid("v_cache is NULL");
+  if (out == nullptr) return Invalid("out is NULL");
+  if (info != nullptr && info->struct_size < sizeof(simdattn_run_info)) {
+    return Invalid("info->struct_size = " + std::to_string(info->struct_size) +
+                   ": must be sizeof(simdattn_run_info)");
+  }
+  MhaForwardOptions opt;
+  Status s = ConvertMhaOptions(options, x->batch, layer->layer->config().num_heads, &opt);
+  if (s.ok()) s = ConvertRotary(p.rotary, &opt.rotary);
+  ExecutionOptions ex;
+  if (s.ok()) s = ConvertExec(exec, &ex);
+  if (!s.ok()) return s;
+  MhaPagedKvCache cache;
+  cache.k = ToMutableView(*p.k_cache);
+  cache.v = ToMutableView(*p.v_cache);
+  cache.block_table = p.block_table;
+  cache.max_blocks_per_seq = p.max_blocks_per_seq;
+  cache.block_table_stride = p.block_table_stride;
+  cache.seq_lens = p.seq_lens;
+  const simdattn_mha_tensor& o = *out;
+  RunInfo run;
+  s = layer->layer->StepPaged(ToMha(*x), &cache,
+                              {o.data, static_cast<DType>(o.dtype), o.batch, o.len, o.dim,
+                               o.batch_first != 0},
+                              opt, ex, &run);
+  if (s.ok()) CopyRunInfo(run, info);
+  return s;
+}
+
 }  // namespace
 }  // namespace simdattn
 
 extern "C" {
+
+void simdattn_mha_rotary_init(simdattn_mha_rotary* rotary) {
+  if (rotary == nullptr) return;
+  std::memset(rotary, 0, sizeof(*rotary));
+  rotary->struct_size = sizeof(*rotary);
+  rotary->theta = 10000.0;
+}
+
+int simdattn_mha_step_paged(simdattn_mha* layer, const simdattn_mha_tensor* x,
+                            const simdattn_tensor* k_cache, const simdattn_tensor* v_cache,
+                            const int32_t* block_table, int64_t max_blocks_per_seq,
+                            int64_t block_table_stride, int32_t* seq_lens,
+                            const simdattn_mha_rotary* rotary, const simdattn_mha_tensor* out,
+                            const simdattn_mha_options* options, const simdattn_exec* exec,
+                            simdattn_run_info* info) {
+  const simdattn::CPagedStep p{k_cache, v_cache, block_table, max_blocks_per_seq,
+                               block_table_stride, seq_lens, rotary};
+  return simdattn::Guarded([&] {
+    return simdattn::CMhaStepPaged(layer, x, p, out, options, exec, info);
+  });
+}
 
 void simdattn_mha_config_init(simdattn_mha_config* config) {
   if (config == nullptr) return;

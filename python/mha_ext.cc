@@ -150,6 +150,53 @@ py::tuple Forward(uintptr_t layer, const Act& q, const Act& k, const Act& v, con
                         std::string(status ? "" : info.target));
 }
 
+// A paged cache: (address, dtype, hnd, num_blocks, block_size, heads, d).
+using Pages = std::tuple<uintptr_t, int32_t, bool, int64_t, int64_t, int64_t, int64_t>;
+// RoPE: (enabled, rotary_dim, interleaved, cos address, sin address,
+//  max_position, theta); addresses 0: tables built from theta.
+using Rope = std::tuple<bool, int64_t, bool, uintptr_t, uintptr_t, int64_t, double>;
+// The block table: (address of int32 [B, max_blocks], max_blocks).
+using Table = std::tuple<uintptr_t, int64_t>;
+
+simdattn_tensor ToPages(const Pages& p) {
+  void* data = reinterpret_cast<void*>(std::get<0>(p));
+  const auto make = std::get<2>(p) ? &simdattn_paged_hnd : &simdattn_paged_nhd;
+  return make(data, std::get<1>(p), std::get<3>(p), std::get<4>(p), std::get<5>(p),
+              std::get<6>(p));
+}
+
+py::tuple StepPaged(uintptr_t layer, const Act& x, const Pages& k, const Pages& v,
+                    const Table& table, uintptr_t seq_lens, const Rope& rope, const Act& out,
+                    const Attn& attention, int32_t threads, const std::string& target) {
+  simdattn_mha_options o;
+  simdattn_mha_options_init(&o);
+  SetAttention(attention, &o.attention);
+  simdattn_mha_rotary r;
+  simdattn_mha_rotary_init(&r);
+  r.enabled = std::get<0>(rope);
+  r.rotary_dim = std::get<1>(rope);
+  r.interleaved = std::get<2>(rope);
+  r.cos = reinterpret_cast<const float*>(std::get<3>(rope));
+  r.sin = reinterpret_cast<const float*>(std::get<4>(rope));
+  r.max_position = std::get<5>(rope);
+  r.theta = std::get<6>(rope);
+  const simdattn_mha_tensor xt = ToAct(x), ot = ToAct(out);
+  const simdattn_tensor kc = ToPages(k), vc = ToPages(v);
+  const simdattn_exec exec = Exec(threads, target);
+  simdattn_run_info info{};
+  info.struct_size = sizeof(info);
+  int status;
+  {
+    py::gil_scoped_release release;
+    status = simdattn_mha_step_paged(
+        reinterpret_cast<simdattn_mha*>(layer), &xt, &kc, &vc,
+        reinterpret_cast<const int32_t*>(std::get<0>(table)), std::get<1>(table), 0,
+        reinterpret_cast<int32_t*>(seq_lens), &r, &ot, &o, &exec, &info);
+  }
+  return py::make_tuple(status, std::string(status ? simdattn_last_error() : ""),
+                        std::string(status ? "" : info.target));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_simdattn_mha, m) {
@@ -158,4 +205,5 @@ PYBIND11_MODULE(_simdattn_mha, m) {
   m.def("destroy", [](uintptr_t layer) { simdattn_mha_destroy(reinterpret_cast<simdattn_mha*>(layer)); });
   m.def("load", &Load);
   m.def("forward", &Forward);
+  m.def("step_paged", &StepPaged);
 }

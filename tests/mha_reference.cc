@@ -50,6 +50,27 @@ std::vector<float> Heads(const std::vector<double>& y, int64_t batch, int64_t le
   return t;
 }
 
+// RoPE (mha.h's MhaRotary) of every head of y's rows, row (b, j) as MhaRow
+// orders them at position j, in double.
+void Rotate(std::vector<double>* y, int64_t batch, int64_t len, bool bf, int64_t heads,
+            int64_t d, const MhaRotary& r) {
+  const int64_t rd = r.rotary_dim == 0 ? d : r.rotary_dim, half = rd / 2;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t j = 0; j < len; ++j)
+      for (int64_t h = 0; h < heads; ++h) {
+        double* x = y->data() + ((bf ? b * len + j : j * batch + b) * heads + h) * d;
+        for (int64_t i = 0; i < half; ++i) {
+          const double angle = double(j) * std::pow(r.theta, -2.0 * double(i) / double(rd));
+          const double c = r.cos != nullptr ? r.cos[j * half + i] : std::cos(angle);
+          const double s = r.sin != nullptr ? r.sin[j * half + i] : std::sin(angle);
+          const int64_t i0 = r.interleaved ? 2 * i : i, i1 = r.interleaved ? 2 * i + 1 : i + half;
+          const double x0 = x[i0], x1 = x[i1];
+          x[i0] = x0 * c - x1 * s;
+          x[i1] = x1 * c + x0 * s;
+        }
+      }
+}
+
 TensorView Bhsd(const std::vector<float>& v, int64_t b, int64_t h, int64_t s, int64_t d) {
   return MakeBHSD(v.data(), DType::kF32, b, h, s, d);
 }
@@ -159,8 +180,12 @@ bool ReferenceMha(const MhaConfig& c, const MhaWeights& w, const MhaRefInput& in
                   std::vector<double>* weights) {
   const int64_t B = in.batch, Lq = in.q_len, Lk = in.kv_len, D = c.head_dim;
   const int64_t H = c.num_heads, Hk = c.num_kv_heads, nq = H * D, nkv = Hk * D;
-  const std::vector<double> q = Linear(*in.q, B * Lq, c.embed_dim, w.wq, w.bq, nq);
-  const std::vector<double> k = Linear(*in.k, B * Lk, c.kdim, w.wk, w.bk, nkv);
+  std::vector<double> q = Linear(*in.q, B * Lq, c.embed_dim, w.wq, w.bq, nq);
+  std::vector<double> k = Linear(*in.k, B * Lk, c.kdim, w.wk, w.bk, nkv);
+  if (in.rotary != nullptr && in.rotary->enabled) {
+    Rotate(&q, B, Lq, in.batch_first, H, D, *in.rotary);
+    Rotate(&k, B, Lk, in.batch_first, Hk, D, *in.rotary);
+  }
   const std::vector<double> v = Linear(*in.v, B * Lk, c.vdim, w.wv, w.bv, nkv);
   const std::vector<float> qh = Heads(q, B, Lq, in.batch_first, H, D, {});
   const std::vector<float> kh = Heads(k, B, Lk, in.batch_first, Hk, D, w.bias_k);

@@ -43,6 +43,9 @@ struct MhaRefInput {
   const std::vector<float>* v;
   int64_t batch, q_len, kv_len;
   bool batch_first;
+  // When enabled: the projected Q and K rotated in double, row (b, j) at
+  // position j (the tables' values when given, else angles from theta).
+  const MhaRotary* rotary = nullptr;
 };
 bool ReferenceMha(const MhaConfig& c, const MhaWeights& w, const MhaRefInput& in,
                   const MhaForwardOptions& options, std::vector<double>* out,

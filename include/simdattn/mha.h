@@ -62,6 +62,24 @@ struct MhaMask {
   int64_t shape[3] = {0, 0, 0};
 };
 
+// Rotary position embedding (RoPE, Llama's) of StepPaged: the new tokens'
+// Q and K are rotated at their positions before K is cached and the
+// attention runs, as serving.h's RotaryEmbedding says (pairs (i, i +
+// rotary_dim / 2), GPT-NeoX / Llama, or (2i, 2i + 1) when interleaved,
+// GPT-J; dims from rotary_dim on unchanged).
+struct MhaRotary {
+  bool enabled = false;
+  int64_t rotary_dim = 0;  // even, in [2, head_dim]; 0: head_dim
+  bool interleaved = false;
+  // f32 tables [max_position, rotary_dim / 2] of the angles' cos and sin.
+  // Null: the layer builds them (and keeps them) from theta, angle(p, i) =
+  // p * theta^(-2i / rotary_dim), computed in double and rounded to f32.
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  int64_t max_position = 0;
+  double theta = 10000.0;
+};
+
 struct MhaForwardOptions {
   // [B, Lk]: key j of batch entry b is masked out (bool) or gets the value
   // added (f32).
@@ -79,6 +97,8 @@ struct MhaForwardOptions {
   // add_bias_kv). Null: not computed. Not with dropout (kUnimplemented).
   float* weights = nullptr;
   bool average_weights = true;
+  // RoPE of the new tokens: StepPaged only (kUnimplemented elsewhere).
+  MhaRotary rotary;
 };
 
 // A dense KV cache for Step: k and v [B, Hkv, capacity, D] (any strides,
@@ -86,6 +106,19 @@ struct MhaForwardOptions {
 struct MhaKvCache {
   MutableTensorView k, v;
   int64_t length = 0;
+};
+
+// A paged KV cache for StepPaged, laid out as serving.h's PagedKvCache:
+// k and v [num_blocks, Hkv, block_size, D] (MakePagedNHD or MakePagedHND,
+// f32, f16 or bf16, block_size a multiple of 8); batch entry b's token j
+// lies in page block_table[b * block_table_stride + j / block_size], row
+// j % block_size. seq_lens[b] tokens of entry b are cached already.
+struct MhaPagedKvCache {
+  MutableTensorView k, v;
+  const int32_t* block_table = nullptr;  // [batch, max_blocks_per_seq]
+  int64_t max_blocks_per_seq = 0;
+  int64_t block_table_stride = 0;  // 0: max_blocks_per_seq
+  int32_t* seq_lens = nullptr;     // [batch], advanced by StepPaged
 };
 
 class SIMDATTN_API MultiHeadAttention {
@@ -137,6 +170,22 @@ class SIMDATTN_API MultiHeadAttention {
               const MhaForwardOptions& options = {},
               const ExecutionOptions& exec = {}, RunInfo* info = nullptr);
 
+  // Step against a paged cache, as a serving engine's decoder layer: the T
+  // new tokens x [B, T, E] of entry b take positions [seq_lens[b],
+  // seq_lens[b] + T); their K and V (rotated by options.rotary when
+  // enabled, Q too) are written into their pages by AppendKv, then
+  // PagedAttention attends each entry's T queries over its seq_lens[b] + T
+  // keys with causal bottom-right alignment (plus options.attention), the
+  // output is projected and seq_lens advances by T. Entries may have
+  // different seq_lens. With batch_first = false, T must be 1. Masks of
+  // this layer, need_weights and add_bias_kv are kUnimplemented. Errors:
+  // kInvalidArgument naming the argument (AppendKv's and PagedAttention's
+  // own checks of the views included); seq_lens is unchanged on error,
+  // though pages past seq_lens may have been written.
+  Status StepPaged(const MhaTensor& x, MhaPagedKvCache* cache,
+                   const MutableMhaTensor& out,
+                   const MhaForwardOptions& options = {},
+                   const ExecutionOptions& exec = {}, RunInfo* info = nullptr);
   const MhaConfig& config() const;
   bool loaded() const;
 

@@ -530,6 +530,37 @@ SIMDATTN_C_API int simdattn_mha_step(simdattn_mha* layer,
                                      const simdattn_exec* exec,
                                      simdattn_run_info* info);
 
+/* RoPE of simdattn_mha_step_paged (mha.h's MhaRotary).
+ * simdattn_mha_rotary_init(): off, rotary_dim 0 (= D), NeoX pairs, no
+ * tables (built from theta), theta 10000. */
+typedef struct simdattn_mha_rotary {
+  size_t struct_size;
+  int32_t enabled;
+  int32_t interleaved;  /* non-zero: pairs (2i, 2i + 1) (GPT-J) */
+  int64_t rotary_dim;
+  const float* cos;     /* [max_position, rotary_dim / 2], or NULL */
+  const float* sin;
+  int64_t max_position;
+  double theta;
+} simdattn_mha_rotary;
+
+SIMDATTN_C_API void simdattn_mha_rotary_init(simdattn_mha_rotary* rotary);
+
+/* One decoding step on a paged cache (mha.h's StepPaged): k_cache and
+ * v_cache [num_blocks, Hkv, block_size, D] (simdattn_paged_nhd or _hnd),
+ * entry b's token j in page block_table[b * block_table_stride + j /
+ * block_size] (stride 0: max_blocks_per_seq); x's T tokens of entry b go to
+ * positions [seq_lens[b], seq_lens[b] + T), rotated by rotary (NULL: none),
+ * and seq_lens advances by T. options, exec, info may be NULL. */
+SIMDATTN_C_API int simdattn_mha_step_paged(
+    simdattn_mha* layer, const simdattn_mha_tensor* x,
+    const simdattn_tensor* k_cache, const simdattn_tensor* v_cache,
+    const int32_t* block_table, int64_t max_blocks_per_seq,
+    int64_t block_table_stride, int32_t* seq_lens,
+    const simdattn_mha_rotary* rotary, const simdattn_mha_tensor* out,
+    const simdattn_mha_options* options, const simdattn_exec* exec,
+    simdattn_run_info* info);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -80,31 +80,41 @@ thread_local AccScratch t_packed_a;
 
 struct PackAJob {
   GemmInput a;
-  int64_t k, row_tile;
+  int64_t k, row_tile, rows_per_task;  // rows_per_task: a multiple of row_tile
   float* dst;
 };
 
-// Row block i of A widened to f32 and packed as GemmArgs::a describes:
-// the broadcasts of a row tile then read one sequential stream instead of
-// row_tile rows lda apart (4 KiB apart at k 1024: one L1 set for all).
+// Rows [r0, r0 + rows) of A widened to f32 as one packed group [k][rows]:
+// the stores go in order while the reads follow `rows` streams.
+void PackGroup(const GemmInput& a, int64_t r0, int64_t rows, int64_t k, float* dst) {
+  if (a.dtype == DType::kF32) {
+    const float* src = static_cast<const float*>(a.data) + r0 * a.lda;
+    for (int64_t t = 0; t < k; ++t) {
+      for (int64_t r = 0; r < rows; ++r) dst[t * rows + r] = src[r * a.lda + t];
+    }
+    return;
+  }
+  const uint16_t* src = static_cast<const uint16_t*>(a.data) + r0 * a.lda;
+  const bool bf16 = a.dtype == DType::kBF16;
+  for (int64_t t = 0; t < k; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint16_t h = src[r * a.lda + t];
+      dst[t * rows + r] = bf16 ? BF16ToF32(h) : F16ToF32(h);
+    }
+  }
+}
+
+// Row block i of 16-bit A widened to f32 and packed as GemmArgs::a
+// describes (f32 A is read in place: packing it cost more than the
+// broadcasts' reads of row_tile rows lda apart saved).
+// Group g (rows [g R, g R + R)) lies at g R k, the m % R last rows at
+// (m / R) R k: both at r0 k for the group's first row r0.
 void PackRows(void* arg, int64_t i) {
   const PackAJob* job = static_cast<const PackAJob*>(arg);
   const int64_t m = job->a.m, k = job->k, R = job->row_tile;
-  const int64_t full = m / R, rem = m % R;
-  const int64_t end = std::min(m, (i + 1) * kRowsPerTask);
-  for (int64_t r = i * kRowsPerTask; r < end; ++r) {
-    const int64_t g = r / R;
-    float* dst = g < full ? job->dst + g * R * k + (r % R) : job->dst + full * R * k + (r - full * R);
-    const int64_t step = g < full ? R : rem;
-    if (job->a.dtype == DType::kF32) {
-      const float* src = static_cast<const float*>(job->a.data) + r * job->a.lda;
-      for (int64_t t = 0; t < k; ++t) dst[t * step] = src[t];
-      continue;
-    }
-    const uint16_t* src = static_cast<const uint16_t*>(job->a.data) + r * job->a.lda;
-    for (int64_t t = 0; t < k; ++t) {
-      dst[t * step] = job->a.dtype == DType::kBF16 ? BF16ToF32(src[t]) : F16ToF32(src[t]);
-    }
+  const int64_t end = std::min(m, (i + 1) * job->rows_per_task);
+  for (int64_t r0 = i * job->rows_per_task; r0 < end; r0 += R) {
+    PackGroup(job->a, r0, std::min(R, m - r0), k, job->dst + r0 * k);
   }
 }
 
@@ -146,11 +156,15 @@ Status Gemm(const GemmInput& a, const PackedWeights& w, int first, int end,
   job.kernels = w.kernels;
   g.m = a.m;
   g.k = w.k;
-  float* packed_a = t_packed_a.Get(static_cast<size_t>(a.m * w.k));
-  if (packed_a == nullptr) return OutOfMemory("the packed rows of a");
-  PackAJob pj{a, w.k, w.kernels->row_tile(), packed_a};
-  RunTasks(exec, (a.m + kRowsPerTask - 1) / kRowsPerTask, &PackRows, &pj);
-  g.a = packed_a;
+  if (a.dtype == DType::kF32) {
+    g.a = static_cast<const float*>(a.data);  // read in place: no copy of A
+    g.lda = a.lda;
+  } else {
+    float* packed_a = t_packed_a.Get(static_cast<size_t>(a.m * w.k));
+    if (packed_a == nullptr) return OutOfMemory("the packed rows of a");
+    g.a = packed_a;
+    g.lda = 0;
+  }
   g.packed = w.data.get();
   g.bias = w.bias.get();
   g.panel_col = w.panel_col.data();
@@ -165,6 +179,10 @@ Status Gemm(const GemmInput& a, const PackedWeights& w, int first, int end,
   g.ldc = ldc;
   const int64_t row_tile = w.kernels->row_tile();
   g.mc = row_tile * std::max<int64_t>(1, kRowsPerTask / row_tile);
+  if (g.lda == 0) {
+    PackAJob pj{a, w.k, row_tile, g.mc, const_cast<float*>(g.a)};
+    RunTasks(exec, (a.m + g.mc - 1) / g.mc, &PackRows, &pj);
+  }
   g.kc = std::max<int64_t>(16, kChunkBytes / (w.panel_cols * 4));
   g.nc_panels = std::max<int64_t>(1, kPanelBytesPerTask / (w.k * w.panel_cols * 4));
   job.acc_floats = static_cast<size_t>(g.mc * w.panel_cols);

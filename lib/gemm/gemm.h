@@ -80,8 +80,9 @@ struct GemmInput {
 // rounded once from the f32 sum). Runs on the target w was packed for, with
 // exec's executor. Each element is one f32 FMA chain over k in order, so
 // the result is bit-identical for any thread count (and for any m: a row
-// does not depend on the others). A is first widened to f32 and packed
-// by row tiles into a buffer of m x k floats that the calling thread keeps. kInvalidArgument naming the argument
+// does not depend on the others). f32 A is read in place; 16-bit A is
+// first widened to f32 and packed by row tiles into a buffer of m x k
+// floats that the calling thread keeps. kInvalidArgument naming the argument
 // and value for m < 1, lda < k, ldc < the columns, null pointers, dtypes,
 // a segment range outside w; kOutOfMemory.
 Status Gemm(const GemmInput& a, const PackedWeights& w, int first, int end,

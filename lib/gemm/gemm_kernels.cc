@@ -65,20 +65,24 @@ void GemmTask(const GemmArgs& g, int64_t task, float* acc) {
   const int64_t rows = std::min(g.mc, g.m - row0);
   const int64_t p0 = g.panel_first + nb * g.nc_panels;
   const int64_t p1 = std::min(g.panel_end, p0 + g.nc_panels);
-  // Packed A (GemmArgs::a): groups of kGemmRows rows [k][kGemmRows], then
-  // the m % kGemmRows last rows [k][rem].
+  // A's rows (GemmArgs::a): packed, groups of kGemmRows rows [k][kGemmRows]
+  // then the m % kGemmRows last rows [k][rem]; or A itself, rows lda apart.
   const int64_t full = g.m / kGemmRows, rem = g.m % kGemmRows;
-  const float* groups = g.a + row0 * g.k;
-  const float* tail = g.a + full * kGemmRows * g.k;
+  GemmRowsOfA ra;
+  if (g.lda == 0) {
+    ra = {g.a + row0 * g.k, kGemmRows * g.k, kGemmRows, 1, g.a + full * kGemmRows * g.k, rem, 1};
+  } else {
+    ra = {g.a + row0 * g.lda, kGemmRows * g.lda, 1, g.lda, g.a + full * kGemmRows * g.lda, 1,
+          g.lda};
+  }
   for (int64_t p = p0; p < p1; ++p) {
     const float* panel = g.packed + p * g.k * nr;
     for (int64_t k0 = 0; k0 < g.k; k0 += g.kc) {
       const int64_t kn = std::min(g.kc, g.k - k0);
       if (k0 == 0) {
-        GemmRows<false>(d, rows, groups, kGemmRows * g.k, tail, rem, panel, kn, acc);
+        GemmRows<false>(d, rows, ra, 0, panel, kn, acc);
       } else {
-        GemmRows<true>(d, rows, groups + k0 * kGemmRows, kGemmRows * g.k, tail + k0 * rem,
-                       rem, panel + k0 * nr, kn, acc);
+        GemmRows<true>(d, rows, ra, k0, panel + k0 * nr, kn, acc);
       }
     }
     StorePanel(g, acc, rows, nr, g.bias != nullptr ? g.bias + p * nr : nullptr,

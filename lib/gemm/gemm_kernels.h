@@ -17,11 +17,12 @@ namespace simdattn {
 // past the last valid column); its columns go to C's columns
 // [panel_col[p] - col_base, + panel_valid[p]).
 struct GemmArgs {
-  // A widened to f32 and packed by row groups (GemmPackedRows): group g of
-  // row_tile rows at a + g * row_tile * k, stored [k][row_tile]; the
-  // m % row_tile last rows after the groups, stored [k][rem].
+  // lda 0: A widened to f32 and packed by row groups (gemm.cc PackRows):
+  // group g of row_tile rows at a + g * row_tile * k, stored [k][row_tile];
+  // the m % row_tile last rows after the groups, stored [k][rem].
+  // lda > 0: a is A itself (f32), rows lda elements apart.
   const float* a;
-  int64_t m, k;
+  int64_t m, k, lda;
   const float* packed;  // panel p at packed + p * k * panel_cols
   const float* bias;    // [panels * panel_cols] or null
   const int64_t* panel_col;

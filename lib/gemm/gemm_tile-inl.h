@@ -33,12 +33,13 @@ constexpr int kGemmRows = 6;
 constexpr int kGemmCols = 4;
 #endif
 
-// Row R of the tile: its kGemmCols accumulators updated by one step.
+// Row R of the tile: its kGemmCols accumulators updated by one step (its
+// value of A at bt[R * row], `row` elements between rows).
 template <int R, int kRows, class D, class V>
-HWY_INLINE void GemmFmaRow(D d, const float* HWY_RESTRICT bt, V x0, V x1, V x2,
-                           V x3, V& c0, V& c1, V& c2, V& c3) {
+HWY_INLINE void GemmFmaRow(D d, const float* HWY_RESTRICT bt, int64_t row, V x0, V x1,
+                           V x2, V x3, V& c0, V& c1, V& c2, V& c3) {
   if constexpr (R < kRows) {
-    const V y = hn::Set(d, bt[R]);
+    const V y = hn::Set(d, bt[R * row]);
     c0 = hn::MulAdd(y, x0, c0);
     c1 = hn::MulAdd(y, x1, c1);
     if constexpr (kGemmCols > 2) {
@@ -77,13 +78,13 @@ HWY_INLINE void GemmStoreRow(D d, V c0, V c1, V c2, V c3, float* HWY_RESTRICT ou
   }
 }
 
-// out[r][c] (+)= sum_{t < n} b[t * kStride + r] * a[t * kGemmCols * N + c]
-// for r < kRows and the kGemmCols * N columns c. b: packed A, kStride
-// floats per step (its row group, kRows <= kStride); a: the packed panel;
-// out: rows of kGemmCols vectors, vector-aligned. One FMA chain per
-// element over t in order.
+// out[r][c] (+)= sum_{t < n} b[t * step + r * row] * a[t * kGemmCols * N + c]
+// for r < kRows and the kGemmCols * N columns c. b: rows of A (a packed
+// group: step = its rows, row = 1; A in place: step = 1, row = lda); a:
+// the packed panel; out: rows of kGemmCols vectors, vector-aligned. One
+// FMA chain per element over t in order.
 template <int kRows, bool kAccumulate, class D>
-HWY_INLINE void GemmTile(D d, const float* HWY_RESTRICT b, int64_t b_stride,
+HWY_INLINE void GemmTile(D d, const float* HWY_RESTRICT b, int64_t step, int64_t row,
                          const float* HWY_RESTRICT a, int64_t n,
                          float* HWY_RESTRICT out) {
   static_assert(kRows >= 1 && kRows <= 6, "1 to 6 rows");
@@ -104,13 +105,13 @@ HWY_INLINE void GemmTile(D d, const float* HWY_RESTRICT b, int64_t b_stride,
     const V x0 = hn::Load(d, at), x1 = hn::Load(d, at + N);
     const V x2 = kGemmCols > 2 ? hn::Load(d, at + 2 * N) : x0;
     const V x3 = kGemmCols > 2 ? hn::Load(d, at + 3 * N) : x1;
-    const float* HWY_RESTRICT bt = b + t * b_stride;
-    GemmFmaRow<0, kRows>(d, bt, x0, x1, x2, x3, c00, c01, c02, c03);
-    GemmFmaRow<1, kRows>(d, bt, x0, x1, x2, x3, c10, c11, c12, c13);
-    GemmFmaRow<2, kRows>(d, bt, x0, x1, x2, x3, c20, c21, c22, c23);
-    GemmFmaRow<3, kRows>(d, bt, x0, x1, x2, x3, c30, c31, c32, c33);
-    GemmFmaRow<4, kRows>(d, bt, x0, x1, x2, x3, c40, c41, c42, c43);
-    GemmFmaRow<5, kRows>(d, bt, x0, x1, x2, x3, c50, c51, c52, c53);
+    const float* HWY_RESTRICT bt = b + t * step;
+    GemmFmaRow<0, kRows>(d, bt, row, x0, x1, x2, x3, c00, c01, c02, c03);
+    GemmFmaRow<1, kRows>(d, bt, row, x0, x1, x2, x3, c10, c11, c12, c13);
+    GemmFmaRow<2, kRows>(d, bt, row, x0, x1, x2, x3, c20, c21, c22, c23);
+    GemmFmaRow<3, kRows>(d, bt, row, x0, x1, x2, x3, c30, c31, c32, c33);
+    GemmFmaRow<4, kRows>(d, bt, row, x0, x1, x2, x3, c40, c41, c42, c43);
+    GemmFmaRow<5, kRows>(d, bt, row, x0, x1, x2, x3, c50, c51, c52, c53);
   }
   GemmStoreRow<0, kRows>(d, c00, c01, c02, c03, out);
   GemmStoreRow<1, kRows>(d, c10, c11, c12, c13, out);
@@ -120,27 +121,40 @@ HWY_INLINE void GemmTile(D d, const float* HWY_RESTRICT b, int64_t b_stride,
   GemmStoreRow<5, kRows>(d, c50, c51, c52, c53, out);
 }
 
-// GemmTile over `rows` rows of packed A: full groups of kGemmRows
-// (group g at b + g * b_group, stride kGemmRows per step), then the tail
-// rows (stride `rem` per step, at b_tail), one tile of the tail's size.
+// Where the rows of A lie for GemmRows, from reduction step k0 on: full
+// groups of kGemmRows rows (group g at groups + g * group_stride), then the
+// m % kGemmRows last rows at tail; row r's value at step t is at
+// t * step + r * row from its group's start (tail_step, tail_row for the
+// tail).
+struct GemmRowsOfA {
+  const float* groups;
+  int64_t group_stride, step, row;
+  const float* tail;
+  int64_t tail_step, tail_row;
+};
+
+// GemmTile over `rows` rows of A from step k0 on: the full groups, then
+// the tail rows in one tile of the tail's size.
 template <bool kAccumulate, class D>
-HWY_INLINE void GemmRows(D d, int64_t rows, const float* HWY_RESTRICT b,
-                         int64_t b_group, const float* HWY_RESTRICT b_tail,
-                         int64_t rem, const float* HWY_RESTRICT a, int64_t n,
+HWY_INLINE void GemmRows(D d, int64_t rows, const GemmRowsOfA& ra, int64_t k0,
+                         const float* HWY_RESTRICT a, int64_t n,
                          float* HWY_RESTRICT out) {
   const int64_t out_row = kGemmCols * static_cast<int64_t>(hn::Lanes(d));
+  const float* b = ra.groups + k0 * ra.step;
   int64_t r = 0;
-  for (; r + kGemmRows <= rows; r += kGemmRows, b += b_group) {
-    GemmTile<kGemmRows, kAccumulate>(d, b, kGemmRows, a, n, out + r * out_row);
+  for (; r + kGemmRows <= rows; r += kGemmRows, b += ra.group_stride) {
+    GemmTile<kGemmRows, kAccumulate>(d, b, ra.step, ra.row, a, n, out + r * out_row);
   }
   if (r == rows) return;
   float* o = out + r * out_row;
-  switch (rows - r) {  // the last rows of A: rem of them, rem < kGemmRows
-    case 1: GemmTile<1, kAccumulate>(d, b_tail, rem, a, n, o); break;
-    case 2: GemmTile<2, kAccumulate>(d, b_tail, rem, a, n, o); break;
-    case 3: GemmTile<3, kAccumulate>(d, b_tail, rem, a, n, o); break;
-    case 4: GemmTile<4, kAccumulate>(d, b_tail, rem, a, n, o); break;
-    default: GemmTile<5, kAccumulate>(d, b_tail, rem, a, n, o); break;
+  const float* bt = ra.tail + k0 * ra.tail_step;
+  const int64_t ts = ra.tail_step, tr = ra.tail_row;
+  switch (rows - r) {  // the last rows of A, fewer than kGemmRows
+    case 1: GemmTile<1, kAccumulate>(d, bt, ts, tr, a, n, o); break;
+    case 2: GemmTile<2, kAccumulate>(d, bt, ts, tr, a, n, o); break;
+    case 3: GemmTile<3, kAccumulate>(d, bt, ts, tr, a, n, o); break;
+    case 4: GemmTile<4, kAccumulate>(d, bt, ts, tr, a, n, o); break;
+    default: GemmTile<5, kAccumulate>(d, bt, ts, tr, a, n, o); break;
   }
 }
 

@@ -141,6 +141,7 @@ Status MultiHeadAttention::Forward(const MhaTensor& query, const MhaTensor* key,
   const MhaConfig& c = m.config;
   if (!m.loaded) return MhaInvalid("layer: weights not loaded (LoadWeights)");
   if ((key == nullptr) != (value == nullptr)) return MhaInvalid("key, value: give both or neither");
+  if (options.rotary.enabled) return MhaUnimplemented("options.rotary: StepPaged only");
   const MhaTensor& k = key != nullptr ? *key : query;
   const MhaTensor& v = value != nullptr ? *value : query;
   Status s = CheckForward(c, query, k, v, out);

@@ -35,6 +35,13 @@ struct MultiHeadAttention::Impl {
   // fresh page costs ~11 us here: docs/PERF-NOTES.md).
   std::mutex mutex;
   std::vector<unsigned char> qkv, kv, kv_ext, o, mask, lse;
+  // StepPaged's: slots and positions per token row, kv_lens and
+  // cu_seqlens_q per entry, and the RoPE tables built from a theta
+  // (rope_positions rows of rope_dim / 2).
+  std::vector<int32_t> slots, positions, kv_lens, cu_q;
+  std::vector<float> rope_cos, rope_sin;
+  int64_t rope_dim = 0, rope_positions = 0;
+  double rope_theta = 0.0;
 };
 
 Status MhaInvalid(const std::string& message);

@@ -123,7 +123,8 @@ Status InputMatrices(const MhaConfig& c, int64_t nq, int64_t nkv, const Found& f
     s = Take(f, "q_proj.bias", c.bias, nq, 0, &b[0]);
     if (s.ok()) s = Take(f, "k_proj.bias", c.bias, nkv, 0, &b[1]);
     if (s.ok()) s = Take(f, "v_proj.bias", c.bias, nkv, 0, &b[2]);
-    if (s.ok()) s = Take(f, "in_proj_bias", false, 0, 0, &b[0]);
+    const NamedTensor* absent = nullptr;  // in_proj_bias may not come with them
+    if (s.ok()) s = Take(f, "in_proj_bias", false, 0, 0, &absent);
     if (!s.ok()) return s;
     for (int i = 0; i < 3; ++i) m[i].bias = b[i]->data, m[i].bias_dtype = b[i]->dtype;
     return Status::Ok();

@@ -66,6 +66,7 @@ Status MultiHeadAttention::Step(const MhaTensor& x, MhaKvCache* cache,
       options.weights != nullptr) {
     return MhaUnimplemented("Step: key_padding_mask, attn_mask and weights (use attention.*)");
   }
+  if (options.rotary.enabled) return MhaUnimplemented("options.rotary: StepPaged only");
   if (x.data == nullptr || x.batch < 1 || x.len < 1 || x.dim != c.embed_dim) {
     return MhaInvalid("x: want [batch >= 1, tokens >= 1, " + std::to_string(c.embed_dim) + "]");
   }

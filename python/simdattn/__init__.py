@@ -1027,5 +1027,93 @@ class MultiheadAttention:
                 weights = torch.from_numpy(weights)
         return out, weights
 
+    @staticmethod
+    def _in_place(a, name, allowed):
+        """a's description, a being a dense array the call writes in place."""
+        op, owner = _contiguous(a, name, allowed)
+        if owner is not a and not (_is_torch(a) and owner.data_ptr() == a.data_ptr()):
+            raise ValueError(f"{name}: must be a contiguous array (it is written in place)")
+        if not op.writable:
+            raise ValueError(f"{name}: must be writable (it is written in place)")
+        return op
+
+    @staticmethod
+    def _int32(a, name, in_place):
+        """(address, shape, owner) of an int32 array (a contiguous copy
+        unless in_place, when a itself must be contiguous and writable)."""
+        import numpy as np
+        if _is_torch(a):
+            import torch
+            if a.dtype != torch.int32 or a.device.type != "cpu":
+                raise ValueError(f"{name}: want an int32 CPU tensor, got {a.dtype}")
+            if not a.is_contiguous():
+                if in_place:
+                    raise ValueError(f"{name}: must be contiguous (it is written in place)")
+                a = a.contiguous()
+            return a.data_ptr(), tuple(a.shape), a
+        if not _is_numpy(a) or a.dtype != np.int32:
+            raise ValueError(f"{name}: want an int32 array, got "
+                             f"{getattr(a, 'dtype', type(a).__name__)}")
+        if in_place and not (a.flags.c_contiguous and a.flags.writeable):
+            raise ValueError(f"{name}: must be contiguous and writable (it is written in place)")
+        a = np.ascontiguousarray(a)
+        return a.__array_interface__["data"][0], a.shape, a
+
+    def step_paged(self, x, k_cache, v_cache, block_table, seq_lens, *, layout="nhd",
+                   rotary_dim=None, interleaved=False, rope_theta=None, cos=None, sin=None,
+                   scale=None, softcap=0.0, window=(-1, -1)):
+        """One decoding step on a paged KV cache (a serving engine's decoder
+        layer): x [B, T, E] (batch_first; T must be 1 otherwise) holds entry
+        b's tokens at positions seq_lens[b] .. seq_lens[b] + T - 1. Their K
+        and V, rotated by RoPE when rope_theta or cos/sin are given (Q too;
+        rotary_dim defaults to head_dim, interleaved selects GPT-J pairs,
+        cos/sin [max_position, rotary_dim / 2] f32 tables), are written to
+        the pages k_cache, v_cache ([num_blocks, block_size, Hkv, D] for
+        layout "nhd", [num_blocks, Hkv, block_size, D] for "hnd"; written in
+        place) at block_table[b] (int32 [B, max_blocks]); each entry
+        attends causally over its seq_lens[b] + T keys, and seq_lens (int32
+        [B], in place) advances by T. Returns out like x."""
+        import numpy as np
+        if layout not in ("nhd", "hnd"):
+            raise ValueError(f"layout = {layout!r}: want 'nhd' or 'hnd'")
+        xo, owner = self._act(x, "x", False)
+        kc = self._in_place(k_cache, "k_cache", (_F32, _F16, _BF16))
+        vc = self._in_place(v_cache, "v_cache", (_F32, _F16, _BF16))
+        sl_address, sl_shape, _ = self._int32(seq_lens, "seq_lens", True)
+        bt_address, bt_shape, bt_owner = self._int32(block_table, "block_table", False)
+        if sl_shape != (xo[3],):
+            raise ValueError(f"seq_lens: shape {sl_shape}, want ({xo[3]},)")
+
+        def pages(op, name):
+            if len(op.shape) != 4:
+                raise ValueError(f"{name}: shape {tuple(op.shape)}, want 4-D")
+            n, a, b, d = op.shape
+            return (op.address, op.dtype, layout == "hnd", n, b if layout == "hnd" else a,
+                    a if layout == "hnd" else b, d)
+        if len(bt_shape) != 2 or bt_shape[0] != xo[3]:
+            raise ValueError(f"block_table: shape {bt_shape}, want [{xo[3]}, max_blocks]")
+        keep = [bt_owner]
+        tables = [None, None]
+        if cos is not None or sin is not None:
+            tables = [np.ascontiguousarray(t, dtype="float32") for t in (cos, sin)]
+            keep += tables
+        enabled = rope_theta is not None or cos is not None
+        rope = (enabled, int(rotary_dim or 0), bool(interleaved),
+                tables[0].__array_interface__["data"][0] if tables[0] is not None else 0,
+                tables[1].__array_interface__["data"][0] if tables[1] is not None else 0,
+                int(tables[0].shape[0]) if tables[0] is not None else 0,
+                float(rope_theta or 10000.0))
+        out = _new_array(owner, tuple(owner.shape), _is_torch(owner))
+        o = self._act(out, "out", False)[0]
+        attn = (scale is not None, float(scale or 0.0), True, -1, int(window[0]), int(window[1]),
+                float(softcap), 0, 0, self.num_heads, 0.0, 0)
+        status, message, _ = _simdattn_mha.step_paged(
+            self._layer, xo, pages(kc, "k_cache"), pages(vc, "v_cache"),
+            (bt_address, int(bt_shape[1])), sl_address, rope, o, attn, self.threads,
+            self.target)
+        if status:
+            raise _ERRORS[status](message)
+        return out
+
     def _has_bias_kv(self):
         return getattr(self, "_add_bias_kv", False)

@@ -200,3 +200,80 @@ def test_sixteen_bit_storage_inside_the_layer(dtype, tol):
     ours = ours_from(m, e, h, dtype=dtype)
     x = torch.randn(b, l, e)
     close(ours(x)[0], m(x, x, x)[0], tol)
+
+
+def rope_ref(x, positions, rotary_dim, theta, interleaved):
+    """x [B, L, H, D] (float64) rotated at positions (Llama's RoPE)."""
+    half = rotary_dim // 2
+    inv = theta ** (-2.0 * np.arange(half) / rotary_dim)
+    ang = positions[:, None] * inv[None, :]  # [L, half]
+    c, s = np.cos(ang)[None, :, None, :], np.sin(ang)[None, :, None, :]
+    y = x.copy()
+    i0 = np.arange(half) * 2 if interleaved else np.arange(half)
+    i1 = i0 + 1 if interleaved else i0 + half
+    a, b = x[..., i0], x[..., i1]
+    y[..., i0] = a * c - b * s
+    y[..., i1] = b * c + a * s
+    return y
+
+
+def llama_ref(w, x, hq, hkv, d, rotary_dim, theta, interleaved):
+    """The whole sequence x [B, L, E] through a Llama layer with RoPE and a
+    causal mask, in float64."""
+    x = x.astype(np.float64)
+    b, l, _ = x.shape
+    q = (x @ w["q_proj.weight"].T.astype(np.float64)).reshape(b, l, hq, d)
+    k = (x @ w["k_proj.weight"].T.astype(np.float64)).reshape(b, l, hkv, d)
+    v = (x @ w["v_proj.weight"].T.astype(np.float64)).reshape(b, l, hkv, d)
+    pos = np.arange(l, dtype=np.float64)
+    q = rope_ref(q, pos, rotary_dim, theta, interleaved)
+    k = rope_ref(k, pos, rotary_dim, theta, interleaved)
+    k, v = np.repeat(k, hq // hkv, axis=2), np.repeat(v, hq // hkv, axis=2)
+    s = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(d)
+    s = np.where(np.tril(np.ones((l, l), dtype=bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    o = np.einsum("bhij,bjhd->bihd", p, v).reshape(b, l, hq * d)
+    return o @ w["o_proj.weight"].T.astype(np.float64)
+
+
+@pytest.mark.parametrize("layout,interleaved", [("nhd", False), ("hnd", True)])
+def test_step_paged_with_rope_equals_the_whole_sequence(target, layout, interleaved):
+    e, hq, hkv, d, b, l, block = 32, 4, 2, 8, 2, 11, 8
+    rng = np.random.default_rng(5)
+    w = {"q_proj.weight": rng.uniform(-0.3, 0.3, (hq * d, e)).astype(np.float32),
+         "k_proj.weight": rng.uniform(-0.3, 0.3, (hkv * d, e)).astype(np.float32),
+         "v_proj.weight": rng.uniform(-0.3, 0.3, (hkv * d, e)).astype(np.float32),
+         "o_proj.weight": rng.uniform(-0.3, 0.3, (e, hq * d)).astype(np.float32)}
+    layer = simdattn.MultiheadAttention(e, hq, num_kv_heads=hkv, bias=False, target=target)
+    layer.load_state_dict(w)
+    x = rng.uniform(-1, 1, (b, l, e)).astype(np.float32)
+    shape = (5, block, hkv, d) if layout == "nhd" else (5, hkv, block, d)
+    k_cache, v_cache = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    block_table = np.array([[3, 0], [4, 1]], dtype=np.int32)
+    seq_lens = np.zeros(b, dtype=np.int32)
+    outs = []
+    for t0, t in [(0, 5)] + [(i, 1) for i in range(5, l)]:  # prefill, then tokens
+        outs.append(layer.step_paged(x[:, t0:t0 + t], k_cache, v_cache, block_table, seq_lens,
+                                     layout=layout, rotary_dim=4, interleaved=interleaved,
+                                     rope_theta=500.0))
+        assert list(seq_lens) == [t0 + t] * b
+    close(np.concatenate(outs, axis=1), llama_ref(w, x, hq, hkv, d, 4, 500.0, interleaved))
+
+
+def test_step_paged_errors():
+    layer = simdattn.MultiheadAttention(32, 4, bias=False)
+    rng = np.random.default_rng(6)
+    layer.load_state_dict({n: rng.uniform(-0.3, 0.3, (32, 32)).astype(np.float32)
+                           for n in ("q_proj.weight", "k_proj.weight", "v_proj.weight",
+                                     "o_proj.weight")})
+    x = np.zeros((1, 1, 32), np.float32)
+    cache = np.zeros((2, 8, 4, 8), np.float32)
+    table = np.array([[0, 1]], dtype=np.int32)
+    with pytest.raises(ValueError, match="seq_lens"):
+        layer.step_paged(x, cache, cache.copy(), table, np.zeros(1, np.int64))
+    with pytest.raises(ValueError, match="rotary_dim"):
+        layer.step_paged(x, cache, cache.copy(), table, np.zeros(1, np.int32), rope_theta=1e4,
+                         rotary_dim=3)
+    with pytest.raises(ValueError, match="seq_lens"):
+        layer.step_paged(x, cache, cache.copy(), table, np.array([16], np.int32))
