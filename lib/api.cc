@@ -176,12 +176,15 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     const TargetKernels& kernels = *target->kernels;
     const AttentionArgs args = MakeArgs(p, q, k, v, o, options, lse);
     const Plan plan = MakePlan(args, kernels.caps());
-    s = RunPlan(exec, kernels, args, plan, options.kv_lengths_i32);
+    MemoryReport memory;
+    s = RunPlan(exec, kernels, args, plan, options.kv_lengths_i32, &memory);
     if (!s.ok()) return s;
     if (info != nullptr) {
       info->target = target->name;
       info->path = KernelPathName(plan.path);
       info->num_tasks = AttentionTaskCount(plan);
+      info->scratch_bytes = memory.bytes;
+      info->bytes_allocated = memory.allocated;
     }
     return Status::Ok();
   } catch (const std::bad_alloc&) {

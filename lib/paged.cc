@@ -338,7 +338,8 @@ Status PagedAttention(const TensorView& q, const PagedKvCache& cache,
       if (call.args.kv_len > 0) call.plan = MakePlan(call.args, kernels.caps(), others);
     }
     int64_t tasks = 0;
-    s = RunSequences(exec, kernels, calls, &tasks);
+    MemoryReport memory;
+    s = RunSequences(exec, kernels, calls, &tasks, &memory);
     if (!s.ok()) return s;
     if (info != nullptr) {
       info->target = target->name;
@@ -347,6 +348,8 @@ Status PagedAttention(const TensorView& q, const PagedKvCache& cache,
         if (c.args.kv_len > 0) info->path = KernelPathName(c.plan.path);
       }
       info->num_tasks = tasks;
+      info->scratch_bytes = memory.bytes;
+      info->bytes_allocated = memory.allocated;
     }
     return Status::Ok();
   } catch (const std::bad_alloc&) {
