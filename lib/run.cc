@@ -28,10 +28,13 @@ size_t RoundUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 // SetAllocationFailureForTesting: allocations left before the one that
 // fails (0: none fails).
 std::atomic<int64_t> g_fail_countdown{0};
+// AllocationCountForTesting: every allocation attempt so far.
+std::atomic<int64_t> g_allocations{0};
 
 // Every heap buffer of this file comes from here: `bytes` (a multiple of
 // kAlign) on a kAlign boundary, or null; adds the bytes to *allocated.
 float* Allocate(size_t bytes, std::atomic<size_t>* allocated) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
   int64_t n = g_fail_countdown.load(std::memory_order_relaxed);
   while (n > 0) {
     if (g_fail_countdown.compare_exchange_weak(n, n - 1)) {
@@ -631,5 +634,7 @@ void ReleaseThreadBuffers() {
 void SetAllocationFailureForTesting(int64_t n) {
   g_fail_countdown.store(n < 0 ? 0 : n);
 }
+
+int64_t AllocationCountForTesting() { return g_allocations.load(); }
 
 }  // namespace simdattn

@@ -67,6 +67,8 @@ Status RunSequences(const ExecutionOptions& exec, const TargetKernels& kernels,
 // over every thread, n >= 1) fails, as if the heap were exhausted; 0 turns
 // it off. Process-wide; the allocations after the failing one succeed.
 void SetAllocationFailureForTesting(int64_t n);
+// Tests only: the allocations of call buffers attempted so far, process-wide.
+int64_t AllocationCountForTesting();
 
 }  // namespace simdattn
 
