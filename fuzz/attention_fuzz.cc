@@ -178,17 +178,17 @@ bool DecodeCase(FuzzInput* in, Case* c) {
     const int64_t lse_shape[4] = {c->b, c->hq, c->lq, 1};
     c->lse = TakeTensor(in, in->OneIn(32) ? DType::kF16 : DType::kF32, lse_shape, false, 0x5A);
   }
-  if (c->alias == 1 && Usable(c->q) && Usable(c->o)) {
-    // O moves into Q's buffer at a chosen byte (a multiple of its element).
-    const int64_t size = DTypeSize(c->o.dtype);
-    const int64_t o_bytes = static_cast<int64_t>(c->o.buf->size());
-    const int64_t room = static_cast<int64_t>(c->q.buf->size()) - o_bytes;
-    c->o.base += in->Range(0, std::max<int64_t>(0, room) / size) * size;
-    c->o.buf = c->q.buf;
-  } else if (c->alias == 2 && c->has_lse && Usable(c->k) && Usable(c->lse)) {
-    const int64_t room = static_cast<int64_t>(c->k.buf->size() - c->lse.buf->size());
-    c->lse.base += in->Range(0, std::max<int64_t>(0, room) / 4) * 4;
-    c->lse.buf = c->k.buf;
+  // O (LSE) moves into Q's (K's) buffer at a chosen multiple of its
+  // element size, where the buffer has room for all of it.
+  TensorBuf* host = c->alias == 1 ? &c->q : &c->k;
+  TensorBuf* guest = c->alias == 1 ? &c->o : &c->lse;
+  const int64_t room = static_cast<int64_t>(host->buf->size()) -
+                       static_cast<int64_t>(guest->buf == nullptr ? 0 : guest->buf->size());
+  if (c->alias != 0 && (c->alias == 1 || c->has_lse) && Usable(*host) && Usable(*guest) &&
+      room >= 0) {
+    const int64_t size = DTypeSize(guest->dtype);
+    guest->base += in->Range(0, room / size) * size;
+    guest->buf = host->buf;
   } else {
     c->alias = 0;
   }
@@ -257,16 +257,12 @@ struct Snapshot {
   // not null) in their buffers.
   bool Unchanged(const std::vector<const TensorBuf*>& outs) const {
     for (size_t i = 0; i < bufs.size(); ++i) {
-      std::set<int64_t> written;
+      std::vector<uint8_t> written(bufs[i]->size(), 0);
       for (const TensorBuf* o : outs) {
-        if (o->buf != bufs[i]) continue;
-        const std::set<int64_t> e = o->ElementBytes();
-        written.insert(e.begin(), e.end());
+        if (o->buf == bufs[i]) o->MarkElements(&written);
       }
       for (size_t j = 0; j < saved[i].size(); ++j) {
-        if ((*bufs[i])[j] != saved[i][j] && written.count(static_cast<int64_t>(j)) == 0) {
-          return false;
-        }
+        if ((*bufs[i])[j] != saved[i][j] && written[j] == 0) return false;
       }
     }
     return true;
@@ -275,9 +271,11 @@ struct Snapshot {
 
 bool SharesElement(const TensorBuf& a, const TensorBuf& b) {
   if (a.buf != b.buf) return false;
-  const std::set<int64_t> ea = a.ElementBytes(), eb = b.ElementBytes();
-  for (int64_t x : ea) {
-    if (eb.count(x)) return true;
+  std::vector<uint8_t> ma(a.buf->size(), 0), mb(a.buf->size(), 0);
+  a.MarkElements(&ma);
+  b.MarkElements(&mb);
+  for (size_t i = 0; i < ma.size(); ++i) {
+    if (ma[i] != 0 && mb[i] != 0) return true;
   }
   return false;
 }

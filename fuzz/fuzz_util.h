@@ -120,6 +120,18 @@ struct TensorBuf {
     }
     return v;
   }
+  // Sets marks[i] for every byte i (within *buf) of an element; marks
+  // holds buf->size() entries.
+  void MarkElements(std::vector<uint8_t>* marks) const {
+    const int64_t size = DTypeSize(dtype);
+    for (int64_t a = 0; a < shape[0]; ++a)
+      for (int64_t b = 0; b < shape[1]; ++b)
+        for (int64_t c = 0; c < shape[2]; ++c)
+          for (int64_t d = 0; d < shape[3]; ++d) {
+            const int64_t at = Offset(a, b, c, d);
+            for (int64_t i = 0; i < size; ++i) (*marks)[static_cast<size_t>(at + i)] = 1;
+          }
+  }
   // Byte offsets (within *buf) of every element's bytes.
   std::set<int64_t> ElementBytes() const {
     std::set<int64_t> out;
