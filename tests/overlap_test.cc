@@ -222,6 +222,30 @@ TEST(OverlapTest, OverflowNamesTheArgument) {
   }
 }
 
+// A block table row of 2^59 pages of 16 keys: its capacity in keys passes
+// int64. Validation must not overflow (UBSan would stop here), and since
+// only the pages a sequence uses are read, the call either runs or names
+// the table (its declared extent reaches the output).
+TEST(OverlapTest, PagedCapacityPastInt64) {
+  std::vector<float> k(2 * 16 * 8, 0.5f), v(2 * 16 * 8, 0.25f), q(8, 1.0f), o(8, -7.0f);
+  const std::vector<int32_t> table = {1}, kv_lens = {16};
+  PagedKvCache cache;
+  cache.k = MakePagedNHD(k.data(), DType::kF32, 2, 16, 1, 8);
+  cache.v = MakePagedNHD(v.data(), DType::kF32, 2, 16, 1, 8);
+  cache.block_table = table.data();
+  cache.max_blocks_per_seq = int64_t{1} << 59;
+  cache.kv_lens = kv_lens.data();
+  const Status s = PagedAttention(MakeTokenMajor(q.data(), DType::kF32, 1, 1, 8), cache, 1,
+                                   nullptr, MakeTokenMajor(o.data(), DType::kF32, 1, 1, 8));
+  if (s.ok()) {
+    for (float x : o) EXPECT_NEAR(x, 0.25f, 1e-6);
+  } else {
+    EXPECT_EQ(s.code, StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message.find("block_table"), std::string::npos) << s.message;
+    for (float x : o) EXPECT_EQ(x, -7.0f);
+  }
+}
+
 }  // namespace
 }  // namespace test
 }  // namespace simdattn
