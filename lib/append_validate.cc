@@ -311,11 +311,11 @@ Status ValidateAppend(const TensorView& k_new, const TensorView& v_new,
   const Named inputs[] = {
       {"k_new", BytesOf(k_new)},
       {"v_new", BytesOf(v_new)},
-      {"slot_mapping", ArrayBytes(slot_mapping, out.tokens * 4)},
+      {"slot_mapping", ArrayBytes(slot_mapping, out.tokens, 4)},
       {"rotary.positions",
-       ArrayBytes(rotary_used ? rotary.positions : nullptr, out.tokens * 4)},
-      {"rotary.cos", ArrayBytes(rotary_used ? rotary.cos : nullptr, table_bytes)},
-      {"rotary.sin", ArrayBytes(rotary_used ? rotary.sin : nullptr, table_bytes)},
+       ArrayBytes(rotary_used ? rotary.positions : nullptr, out.tokens, 4)},
+      {"rotary.cos", ArrayBytes(rotary_used ? rotary.cos : nullptr, table_bytes, 1)},
+      {"rotary.sin", ArrayBytes(rotary_used ? rotary.sin : nullptr, table_bytes, 1)},
   };
   s = CheckAliasing(outputs, 3, inputs, 6);
   if (!s.ok()) return s;

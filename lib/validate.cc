@@ -165,8 +165,10 @@ ByteSet ViewBytes(const void* data, DType dtype, const int64_t* shape,
   return set;
 }
 
-ByteSet ArrayBytes(const void* ptr, int64_t bytes) {
+ByteSet ArrayBytes(const void* ptr, int64_t count, int64_t elem_bytes) {
   ByteSet set;
+  int64_t bytes;
+  if (__builtin_mul_overflow(count, elem_bytes, &bytes)) bytes = INT64_MAX;
   if (ptr == nullptr || bytes <= 0) return set;
   set.base = static_cast<int64_t>(reinterpret_cast<uintptr_t>(ptr));
   set.size = bytes;
@@ -476,10 +478,10 @@ Status ValidateOutputs(const Problem& p, const TensorView& q,
     const TensorView& m = options.mask;
     inputs[n++] = {"mask", ViewBytes(m.data, m.dtype, m.shape, p.mask_strides)};
   }
-  inputs[n++] = {"alibi_slopes", ArrayBytes(options.alibi_slopes, p.q_heads * 4)};
-  inputs[n++] = {"sinks", ArrayBytes(options.sinks, p.q_heads * 4)};
-  inputs[n++] = {"kv_lengths", ArrayBytes(options.kv_lengths, p.batch * 8)};
-  inputs[n++] = {"kv_lengths_i32", ArrayBytes(options.kv_lengths_i32, p.batch * 4)};
+  inputs[n++] = {"alibi_slopes", ArrayBytes(options.alibi_slopes, p.q_heads, 4)};
+  inputs[n++] = {"sinks", ArrayBytes(options.sinks, p.q_heads, 4)};
+  inputs[n++] = {"kv_lengths", ArrayBytes(options.kv_lengths, p.batch, 8)};
+  inputs[n++] = {"kv_lengths_i32", ArrayBytes(options.kv_lengths_i32, p.batch, 4)};
 
   const ByteSet bo = ViewBytes(o.data, o.dtype, o.shape, o.strides);
   for (int i = 0; i < n; ++i) {

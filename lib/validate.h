@@ -49,8 +49,9 @@ struct ByteSet {
 // or a zero extent gives the empty set (size 0).
 ByteSet ViewBytes(const void* data, DType dtype, const int64_t* shape,
                   const int64_t* strides);
-// `bytes` bytes from ptr (empty when null).
-ByteSet ArrayBytes(const void* ptr, int64_t bytes);
+// `count` elements of `elem_bytes` bytes from ptr (empty when null); a
+// size past int64 saturates.
+ByteSet ArrayBytes(const void* ptr, int64_t count, int64_t elem_bytes);
 
 // Whether two sets share a byte: exact within a budget of 4096 steps,
 // true past it. Views whose strides nest (each at least the span of the

@@ -222,6 +222,25 @@ TEST(OverlapTest, OverflowNamesTheArgument) {
   }
 }
 
+// 2^61 + 1 query heads (Q broadcast over them, O an f16 view that is
+// never touched): the sinks' Hq x 4 bytes pass int64. Validation saturates
+// the array's size instead of overflowing (UBSan would stop here) and
+// finds O's 4 EiB over an input (the sinks, or Q where it lies above them).
+TEST(OverlapTest, HeadCountPastInt64Bytes) {
+  const int64_t hq = (int64_t{1} << 61) + 1;
+  std::vector<float> q(1, 1.0f), kv(1, 1.0f), sinks(4, 0.0f);
+  TensorView qv = MakeBHSD(q.data(), DType::kF32, 1, hq, 1, 1);
+  qv.strides[0] = qv.strides[1] = qv.strides[2] = 0;
+  const TensorView kvv = MakeBHSD(kv.data(), DType::kF32, 1, 1, 1, 1);
+  const MutableTensorView o = MakeBHSD(reinterpret_cast<uint16_t*>(sinks.data()) + 2,
+                                       DType::kF16, 1, hq, 1, 1);
+  AttentionOptions options;
+  options.sinks = sinks.data();
+  const Status s = Attention(qv, kvv, kvv, o, options);
+  EXPECT_EQ(s.code, StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message.find("o overlaps input"), std::string::npos) << s.message;
+}
+
 // A block table row of 2^59 pages of 16 keys: its capacity in keys passes
 // int64. Validation must not overflow (UBSan would stop here), and since
 // only the pages a sequence uses are read, the call either runs or names
