@@ -296,8 +296,9 @@ SIMDATTN_API Status WorkspaceSize(const TensorView& q, const TensorView& k,
                                   const ExecutionOptions& exec, size_t* bytes);
 
 // Frees the buffers that calls without a workspace cached on the calling
-// thread (its scratch, packed K/V and partial results); the next such call
-// allocates them again. Worker threads keep their own scratch.
+// thread (its scratch, the spare scratch, packed K/V and partial results);
+// the next such call allocates them again. Worker threads keep their own
+// scratch until their pool is destroyed.
 SIMDATTN_API void ReleaseThreadBuffers();
 
 // ---------------------------------------------------------------- Targets
