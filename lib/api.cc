@@ -190,12 +190,15 @@ Status Attention(const TensorView& q, const TensorView& k, const TensorView& v,
     AttentionArgs args = MakeArgs(p, q, k, v, o, options, lse);
     args.bf16_compute = exec.allow_bf16_compute;
     const Plan plan = MakePlan(args, kernels.caps());
-    s = RunPlan(exec, kernels, args, plan, options.kv_lengths_i32);
+    MemoryReport memory;
+    s = RunPlan(exec, kernels, args, plan, options.kv_lengths_i32, &memory);
     if (!s.ok()) return s;
     if (info != nullptr) {
       info->target = target->name;
       info->path = KernelPathName(plan.path);
       info->num_tasks = AttentionTaskCount(plan);
+      info->scratch_bytes = memory.bytes;
+      info->bytes_allocated = memory.allocated;
     }
     return Status::Ok();
   } catch (const std::bad_alloc&) {

@@ -324,57 +324,14 @@ Status CheckSlotsUnique(const int32_t* slots, int64_t tokens) {
   return Invalid("slot_mapping has a duplicate slot");  // not reached
 }
 
-// The byte range of an array of `bytes` bytes at ptr (empty when null).
-ByteRange ArrayRange(const void* ptr, int64_t bytes) {
-  ByteRange r;
-  if (ptr == nullptr) return r;
-  r.lo = static_cast<int64_t>(reinterpret_cast<uintptr_t>(ptr));
-  r.hi = r.lo + bytes;
-  return r;
-}
-
-// The bytes one step of dimension `skip` of view v spans with its other
-// dimensions; false where one of those has a negative stride.
-bool PeriodSpan(const TensorView& v, int skip, int64_t* bytes) {
-  int64_t span = 0;
-  for (int j = 0; j < 4; ++j) {
-    if (j == skip || v.shape[j] <= 1) continue;
-    if (v.strides[j] < 0) return false;
-    span += (v.shape[j] - 1) * v.strides[j];  // fits: ComputeRange succeeded
-  }
-  *bytes = (span + 1) * DTypeSize(v.dtype);
-  return true;
-}
-
-// Whether two views whose byte ranges overlap still share no element
-// because they interleave: along some dimension both step by the same
-// number of bytes, and within that period each occupies its own interval.
-// This is q, k and v as views of one fused QKV buffer ([tokens, Hq + 2 Hkv,
-// D]), or K and V pages interleaved in one allocation.
-bool Interleaved(const TensorView& a, const TensorView& b) {
-  for (int i = 0; i < 4; ++i) {
-    const int64_t period = a.strides[i] * DTypeSize(a.dtype);
-    if (period <= 0 || period != b.strides[i] * DTypeSize(b.dtype)) continue;
-    int64_t span_a, span_b;
-    if (!PeriodSpan(a, i, &span_a) || !PeriodSpan(b, i, &span_b)) continue;
-    const int64_t diff = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.data) -
-                                              reinterpret_cast<uintptr_t>(a.data));
-    const int64_t delta = ((diff % period) + period) % period;  // b's offset in a period
-    if (span_a <= delta && delta + span_b <= period) return true;
-  }
-  return false;
-}
-
-// A view (or a plain array: view null) and the bytes it touches.
+// A view or a plain array and the bytes it touches.
 struct Named {
   const char* name;
-  ByteRange range;
-  const TensorView* view = nullptr;
+  ByteSet bytes;
 };
 
-bool Disjoint(const Named& a, const Named& b) {
-  if (!Overlap(a.range, b.range)) return true;
-  return a.view != nullptr && b.view != nullptr && Interleaved(*a.view, *b.view);
+ByteSet BytesOf(const TensorView& v) {
+  return ViewBytes(v.data, v.dtype, v.shape, v.strides);
 }
 
 // No output shares an element with an input or another output.
@@ -382,13 +339,13 @@ Status CheckAliasing(const Named* outputs, int num_outputs,
                      const Named* inputs, int num_inputs) {
   for (int o = 0; o < num_outputs; ++o) {
     for (int i = 0; i < num_inputs; ++i) {
-      if (!Disjoint(outputs[o], inputs[i])) {
+      if (SharesBytes(outputs[o].bytes, inputs[i].bytes)) {
         return Invalid(std::string(outputs[o].name) + " overlaps input " +
                        inputs[i].name + ": outputs must not alias inputs");
       }
     }
     for (int j = o + 1; j < num_outputs; ++j) {
-      if (!Disjoint(outputs[o], outputs[j])) {
+      if (SharesBytes(outputs[o].bytes, outputs[j].bytes)) {
         return Invalid(std::string(outputs[o].name) + " overlaps " +
                        outputs[j].name + ": outputs must not share memory");
       }
@@ -430,20 +387,22 @@ Status ValidateAppend(const TensorView& k_new, const TensorView& v_new,
   if (s.ok()) s = CheckSlotRange(slot_mapping, out);
   if (s.ok()) s = CheckSlotsUnique(slot_mapping, out.tokens);
   if (!s.ok()) return s;
+  // Views of one buffer that interleave without sharing an element (q, k
+  // and v inside a fused QKV projection) are apart (SharesBytes).
   const bool rotary_used = out.rotary_dim > 0;
-  const TensorView kc = AsBytes(k_cache), vc = AsBytes(v_cache), qv = q;
-  const TensorView ks = scales.k_scales, vs = scales.v_scales;
-  const Named outputs[] = {{"k_cache", rkc, &kc}, {"v_cache", rvc, &vc},
-                           {"q", rq, &qv},        {"k_scales", rks, &ks},
-                           {"v_scales", rvs, &vs}};
+  const Named outputs[] = {{"k_cache", BytesOf(AsBytes(k_cache))},
+                           {"v_cache", BytesOf(AsBytes(v_cache))},
+                           {"q", BytesOf(q)},
+                           {"k_scales", BytesOf(scales.k_scales)},
+                           {"v_scales", BytesOf(scales.v_scales)}};
   const Named inputs[] = {
-      {"k_new", rkn, &k_new},
-      {"v_new", rvn, &v_new},
-      {"slot_mapping", ArrayRange(slot_mapping, out.tokens * 4)},
+      {"k_new", BytesOf(k_new)},
+      {"v_new", BytesOf(v_new)},
+      {"slot_mapping", ArrayBytes(slot_mapping, out.tokens, 4)},
       {"rotary.positions",
-       ArrayRange(rotary_used ? rotary.positions : nullptr, out.tokens * 4)},
-      {"rotary.cos", ArrayRange(rotary_used ? rotary.cos : nullptr, table_bytes)},
-      {"rotary.sin", ArrayRange(rotary_used ? rotary.sin : nullptr, table_bytes)},
+       ArrayBytes(rotary_used ? rotary.positions : nullptr, out.tokens, 4)},
+      {"rotary.cos", ArrayBytes(rotary_used ? rotary.cos : nullptr, table_bytes, 1)},
+      {"rotary.sin", ArrayBytes(rotary_used ? rotary.sin : nullptr, table_bytes, 1)},
   };
   s = CheckAliasing(outputs, 5, inputs, 6);
   if (!s.ok()) return s;

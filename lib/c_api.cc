@@ -202,6 +202,29 @@ Status CheckInputs(const simdattn_tensor* q, const simdattn_tensor* k,
   return Status::Ok();
 }
 
+// The first version's simdattn_run_info ended after num_tasks.
+constexpr size_t kRunInfoV1Size = offsetof(simdattn_run_info, num_tasks) + sizeof(int64_t);
+
+// A run info of this version's size or of the first version's (or null).
+Status CheckRunInfo(const simdattn_run_info* info) {
+  if (info == nullptr || info->struct_size >= kRunInfoV1Size) return Status::Ok();
+  return Invalid("info->struct_size = " + std::to_string(info->struct_size) +
+                 ": must be sizeof(simdattn_run_info) = " +
+                 std::to_string(sizeof(simdattn_run_info)));
+}
+
+// Fills the fields of *info (when not null) that its struct_size covers.
+void CopyRunInfo(const RunInfo& run, simdattn_run_info* info) {
+  if (info == nullptr) return;
+  info->target = run.target;
+  info->path = run.path;
+  info->num_tasks = run.num_tasks;
+  if (info->struct_size >= offsetof(simdattn_run_info, bytes_allocated) + sizeof(size_t)) {
+    info->scratch_bytes = run.scratch_bytes;
+    info->bytes_allocated = run.bytes_allocated;
+  }
+}
+
 Status CAttention(const simdattn_tensor* q, const simdattn_tensor* k,
                  const simdattn_tensor* v, const simdattn_tensor* o,
                  const simdattn_options* options, const simdattn_tensor* lse,
@@ -209,11 +232,8 @@ Status CAttention(const simdattn_tensor* q, const simdattn_tensor* k,
   Status s = CheckInputs(q, k, v);
   if (!s.ok()) return s;
   if (o == nullptr) return Invalid("o is NULL");
-  if (info != nullptr && info->struct_size < sizeof(simdattn_run_info)) {
-    return Invalid("info->struct_size = " + std::to_string(info->struct_size) +
-                   ": must be sizeof(simdattn_run_info) = " +
-                   std::to_string(sizeof(simdattn_run_info)));
-  }
+  s = CheckRunInfo(info);
+  if (!s.ok()) return s;
   AttentionOptions opt;
   s = ConvertOptions(options, *q, &opt);
   if (!s.ok()) return s;
@@ -224,11 +244,7 @@ Status CAttention(const simdattn_tensor* q, const simdattn_tensor* k,
   RunInfo run;
   s = simdattn::Attention(ToView(*q), ToView(*k), ToView(*v), ToMutableView(*o),
                           opt, lse_view, ex, &run);
-  if (s.ok() && info != nullptr) {
-    info->target = run.target;
-    info->path = run.path;
-    info->num_tasks = run.num_tasks;
-  }
+  if (s.ok()) CopyRunInfo(run, info);
   return s;
 }
 
@@ -243,11 +259,8 @@ Status CPagedAttention(const simdattn_tensor* q, const simdattn_paged_cache* cac
   Status s = CheckStructSize("simdattn_paged_cache", cache, cache->struct_size,
                              sizeof(simdattn_paged_cache));
   if (!s.ok()) return s;
-  if (info != nullptr && info->struct_size < sizeof(simdattn_run_info)) {
-    return Invalid("info->struct_size = " + std::to_string(info->struct_size) +
-                   ": must be sizeof(simdattn_run_info) = " +
-                   std::to_string(sizeof(simdattn_run_info)));
-  }
+  s = CheckRunInfo(info);
+  if (!s.ok()) return s;
   AttentionOptions opt;
   s = ConvertOptions(options, *q, &opt);
   if (!s.ok()) return s;
@@ -265,11 +278,7 @@ Status CPagedAttention(const simdattn_tensor* q, const simdattn_paged_cache* cac
   RunInfo run;
   s = simdattn::PagedAttention(ToView(*q), c, num_seqs, cu_seqlens_q,
                                ToMutableView(*o), opt, lse_view, ex, &run);
-  if (s.ok() && info != nullptr) {
-    info->target = run.target;
-    info->path = run.path;
-    info->num_tasks = run.num_tasks;
-  }
+  if (s.ok()) CopyRunInfo(run, info);
   return s;
 }
 

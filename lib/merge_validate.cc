@@ -138,9 +138,9 @@ Status CheckOutput(const std::string& name, const TensorView& v,
   return Status::Ok();
 }
 
-// Output `name` (bytes `range`) against every input, except outs[0] when
+// Output `name` (`bytes`) against every input, except outs[0] when
 // out_is_alias and lses[0] when lse_is_alias (the output is that view).
-Status CheckAgainstInputs(const std::string& name, const ByteRange& range,
+Status CheckAgainstInputs(const std::string& name, const ByteSet& bytes,
                           const TensorView* outs, const TensorView* lses,
                           int64_t num_parts, bool out_is_alias,
                           bool lse_is_alias) {
@@ -148,9 +148,9 @@ Status CheckAgainstInputs(const std::string& name, const ByteRange& range,
     for (int which = 0; which < 2; ++which) {
       const TensorView& in = which == 0 ? outs[i] : lses[i];
       const bool alias = i == 0 && (which == 0 ? out_is_alias : lse_is_alias);
-      ByteRange r;
-      ComputeRange(in.data, in.dtype, in.shape, in.strides, &r);
-      if (alias || !Overlap(range, r)) continue;
+      if (alias || !SharesBytes(bytes, ViewBytes(in.data, in.dtype, in.shape, in.strides))) {
+        continue;
+      }
       return Invalid(name + " overlaps input " + Name(which == 0 ? "outs" : "lses", i) +
                      ": outputs must not overlap inputs (out may be outs[0] "
                      "and lse lses[0] exactly: same data, dtype and strides)");
@@ -180,15 +180,20 @@ Status ValidateMerge(const TensorView* outs, const TensorView* lses,
   if (has_lse) {
     s = CheckOutput("lse", lse, want_lse, true, &rl);
     if (!s.ok()) return s;
-    if (Overlap(ro, rl)) return Invalid("lse overlaps out");
+    if (SharesBytes(ViewBytes(lse.data, lse.dtype, lse.shape, lse.strides),
+                    ViewBytes(out.data, out.dtype, out.shape, out.strides))) {
+      return Invalid("lse overlaps out");
+    }
   }
   const bool lse_alias = has_lse && SameView(lse, lses[0]);
   // Each output may be its own alias only: out may not touch lses[0] even
   // where lse aliases it.
-  s = CheckAgainstInputs("out", ro, outs, lses, num_parts, out_alias, false);
+  const ByteSet out_bytes = ViewBytes(out.data, out.dtype, out.shape, out.strides);
+  s = CheckAgainstInputs("out", out_bytes, outs, lses, num_parts, out_alias, false);
   if (!s.ok()) return s;
   if (has_lse) {
-    s = CheckAgainstInputs("lse", rl, outs, lses, num_parts, false, lse_alias);
+    const ByteSet lse_bytes = ViewBytes(lse.data, lse.dtype, lse.shape, lse.strides);
+    s = CheckAgainstInputs("lse", lse_bytes, outs, lses, num_parts, false, lse_alias);
     if (!s.ok()) return s;
   }
   p->batch = want[0];

@@ -69,7 +69,11 @@ Status CheckTable(const PagedKvCache& c, int64_t num_seqs, PagedProblem* pp) {
       table_elems > (int64_t{1} << 60)) {
     return Invalid("block_table: num_seqs x block_table_stride overflows");
   }
-  const int64_t capacity = c.max_blocks_per_seq * pp->block_size;
+  // Past int64 (max_blocks_per_seq near 2^60), every length fits.
+  int64_t capacity;
+  if (__builtin_mul_overflow(c.max_blocks_per_seq, pp->block_size, &capacity)) {
+    capacity = std::numeric_limits<int64_t>::max();
+  }
   int64_t longest = 0;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t len = c.kv_lens[s];
@@ -341,7 +345,8 @@ Status PagedAttention(const TensorView& q, const PagedKvCache& cache,
       if (call.args.kv_len > 0) call.plan = MakePlan(call.args, kernels.caps(), others);
     }
     int64_t tasks = 0;
-    s = RunSequences(exec, kernels, calls, &tasks);
+    MemoryReport memory;
+    s = RunSequences(exec, kernels, calls, &tasks, &memory);
     if (!s.ok()) return s;
     if (info != nullptr) {
       info->target = target->name;
@@ -350,6 +355,8 @@ Status PagedAttention(const TensorView& q, const PagedKvCache& cache,
         if (c.args.kv_len > 0) info->path = KernelPathName(c.plan.path);
       }
       info->num_tasks = tasks;
+      info->scratch_bytes = memory.bytes;
+      info->bytes_allocated = memory.allocated;
     }
     return Status::Ok();
   } catch (const std::bad_alloc&) {

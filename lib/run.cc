@@ -25,6 +25,28 @@ constexpr size_t kAlign = 256;
 
 size_t RoundUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
+// SetAllocationFailureForTesting: allocations left before the one that
+// fails (0: none fails).
+std::atomic<int64_t> g_fail_countdown{0};
+// AllocationCountForTesting: every allocation attempt so far.
+std::atomic<int64_t> g_allocations{0};
+
+// Every heap buffer of this file comes from here: `bytes` (a multiple of
+// kAlign) on a kAlign boundary, or null; adds the bytes to *allocated.
+float* Allocate(size_t bytes, std::atomic<size_t>* allocated) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  int64_t n = g_fail_countdown.load(std::memory_order_relaxed);
+  while (n > 0) {
+    if (g_fail_countdown.compare_exchange_weak(n, n - 1)) {
+      if (n == 1) return nullptr;
+      break;
+    }
+  }
+  void* p = std::aligned_alloc(kAlign, bytes);
+  if (p != nullptr && allocated != nullptr) allocated->fetch_add(bytes);
+  return static_cast<float*>(p);
+}
+
 // Per-thread scratch, sized on first use and kept: no allocation per call in
 // steady state.
 struct Scratch {
@@ -32,10 +54,11 @@ struct Scratch {
   size_t floats = 0;
   ~Scratch() { Free(); }
 
-  float* Get(size_t n) {
+  // At least n floats, or null (the old buffer is then gone too).
+  float* Get(size_t n, std::atomic<size_t>* allocated) {
     if (n > floats) {
       std::free(data);
-      data = static_cast<float*>(std::aligned_alloc(kAlign, RoundUp(n * sizeof(float))));
+      data = Allocate(RoundUp(n * sizeof(float)), allocated);
       floats = data == nullptr ? 0 : n;
     }
     return data;
@@ -49,9 +72,11 @@ struct Scratch {
 
 thread_local Scratch t_scratch;
 // The calling thread's buffers: the widened kv lengths and the partial
-// results of split calls (one buffer), and the packed K/V.
+// results of split calls (one buffer), the packed K/V, and a spare scratch
+// that a thread whose own scratch cannot be allocated borrows (TaskScratch).
 thread_local Scratch t_call;
 thread_local Scratch t_packed;
+thread_local Scratch t_spare;
 
 // A calling thread's buffer, taken out of its thread_local slot for the
 // length of one call. A host parallel-for that runs other work on the
@@ -67,7 +92,7 @@ class ScratchLease {
   }
   ScratchLease(const ScratchLease&) = delete;
   ScratchLease& operator=(const ScratchLease&) = delete;
-  float* Get(size_t n) { return own_.Get(n); }
+  float* Get(size_t n, std::atomic<size_t>* allocated) { return own_.Get(n, allocated); }
 
  private:
   static void Swap(Scratch* a, Scratch* b) {
@@ -116,6 +141,22 @@ BufferSizes SizesOf(const ExecutionOptions& exec, const TargetKernels& kernels,
 // Bound of the runs that a split call's tasks go in (RunWave).
 constexpr int64_t kMaxShrinkingRuns = 256;
 
+// Where a call's tasks find their scratch. per_thread: each thread's own
+// t_scratch, and where that cannot be allocated, one of the slots (the
+// calling thread's spare, allocated before any task ran); otherwise only
+// the slots (a workspace's, one per executor thread). A slot is taken by
+// one run of tasks at a time (busy).
+struct ScratchSource {
+  size_t floats = 0;  // one task's scratch
+  bool per_thread = true;
+  float* slots = nullptr;
+  size_t slot_floats = 0;
+  int64_t num_slots = 0;
+  std::atomic<uint8_t>* busy = nullptr;
+  std::atomic<uint8_t> spare_busy{0};  // busy flag of the spare slot
+  std::atomic<size_t> allocated{0};    // heap bytes the call's threads took
+};
+
 // One call in flight: what every task needs, and the current wave's tasks
 // in runs (RunWave).
 struct Job {
@@ -123,7 +164,6 @@ struct Job {
   const Plan* plan;
   const TargetKernels* kernels;
   Wave wave;
-  size_t scratch_floats;
   int64_t first_task = 0;  // of the current wave
   int64_t num_tasks = 0;   // of the current wave
   int64_t run_tasks = 1;   // consecutive tasks per call of RunAttentionRun
@@ -131,50 +171,44 @@ struct Job {
   // When > 0, run r is tasks [run_first[r], run_first[r + 1]) instead.
   int64_t shrinking_runs = 0;
   int64_t run_first[kMaxShrinkingRuns + 1];
-  std::atomic<bool> out_of_memory{false};
-  // With a workspace: num_slots scratch slots of slot_floats floats from
-  // slots on, each taken by one task at a time (slot_busy). Without one
-  // (num_slots = 0), each thread's own t_scratch.
-  float* slots = nullptr;
-  size_t slot_floats = 0;
-  int64_t num_slots = 0;
-  std::atomic<uint8_t>* slot_busy = nullptr;
+  ScratchSource scratch;
 };
 
-// The scratch of one run of tasks of `job`, for its lifetime: this thread's
-// t_scratch, or a free slot of the workspace. A thread that finds every slot
-// taken (a host parallel-for running more tasks at once than it declared)
-// waits for one: slots are held only while a run computes, never while it
-// waits, so one is freed soon.
+// The scratch of one run of tasks, for its lifetime: this thread's
+// t_scratch, or a free slot of `source`. A thread that finds every slot
+// taken (a host parallel-for running more tasks at once than it declared,
+// or several threads that could not allocate) waits for one: slots are
+// held only while a run computes, never while it waits, so one is freed
+// soon. Never null: a task always finds scratch, so no task fails once
+// the first has written O.
 class TaskScratch {
  public:
-  TaskScratch(Job* job, int64_t hint) : job_(job) {
-    if (job->num_slots == 0) {
-      data_ = t_scratch.Get(job->scratch_floats);
-      if (data_ == nullptr) job->out_of_memory.store(true);
-      return;
+  TaskScratch(ScratchSource* source, int64_t hint) : source_(source) {
+    if (source->per_thread) {
+      data_ = t_scratch.Get(source->floats, &source->allocated);
+      if (data_ != nullptr) return;
     }
     for (int64_t n = 0;; ++n) {
-      const int64_t s = (hint + n) % job->num_slots;
-      std::atomic<uint8_t>& busy = job->slot_busy[s];
+      const int64_t s = (hint + n) % source->num_slots;
+      std::atomic<uint8_t>& busy = source->busy[s];
       if (busy.load(std::memory_order_relaxed) == 0 &&
           busy.exchange(1, std::memory_order_acquire) == 0) {
         slot_ = s;
-        data_ = job->slots + static_cast<size_t>(s) * job->slot_floats;
+        data_ = source->slots + static_cast<size_t>(s) * source->slot_floats;
         return;
       }
-      if ((n + 1) % job->num_slots == 0) std::this_thread::yield();
+      if ((n + 1) % source->num_slots == 0) std::this_thread::yield();
     }
   }
   ~TaskScratch() {
-    if (slot_ >= 0) job_->slot_busy[slot_].store(0, std::memory_order_release);
+    if (slot_ >= 0) source_->busy[slot_].store(0, std::memory_order_release);
   }
   TaskScratch(const TaskScratch&) = delete;
   TaskScratch& operator=(const TaskScratch&) = delete;
   float* data() const { return data_; }
 
  private:
-  Job* job_;
+  ScratchSource* source_;
   float* data_ = nullptr;
   int64_t slot_ = -1;
 };
@@ -182,9 +216,8 @@ class TaskScratch {
 // Runs the wave's tasks of run `run`, in order.
 void RunAttentionRun(void* arg, int64_t run) {
   Job* job = static_cast<Job*>(arg);
-  const TaskScratch hold(job, run);
+  const TaskScratch hold(&job->scratch, run);
   float* scratch = hold.data();
-  if (scratch == nullptr) return;
   int64_t begin = run * job->run_tasks;
   int64_t end = std::min(job->num_tasks, begin + job->run_tasks);
   if (job->shrinking_runs > 0) {
@@ -252,9 +285,8 @@ void RunWave(const ExecutionOptions& exec, int64_t first, int64_t n, Job* job) {
 
 void RunPackTask(void* arg, int64_t i) {
   Job* job = static_cast<Job*>(arg);
-  const TaskScratch hold(job, i);
+  const TaskScratch hold(&job->scratch, i);
   float* scratch = hold.data();
-  if (scratch == nullptr) return;
   const AttentionArgs& a = *job->args;
   float* dst = job->wave.packed + i * job->plan->packed_group_floats;
   job->kernels->pack_kv(a, *job->plan, job->wave.packed_first_group + i, dst, scratch);
@@ -273,11 +305,10 @@ void RunAttentionTasks(const ExecutionOptions& exec, int64_t wave, Job* job) {
     RunWave(exec, 0, groups * per_group, job);
     return;
   }
-  for (int64_t first = 0; first < groups && !job->out_of_memory.load(); first += wave) {
+  for (int64_t first = 0; first < groups; first += wave) {
     const int64_t n = std::min(wave, groups - first);
     job->wave.packed_first_group = first;
     RunTasks(exec, n, &RunPackTask, job);
-    if (job->out_of_memory.load()) break;
     RunWave(exec, first * per_group, n * per_group, job);
   }
 }
@@ -296,22 +327,25 @@ Status OutOfMemory(const char* message) {
 
 // Runs the job whose buffers are in place; `args` is the job's copy of the
 // call's arguments, whose kv lengths are widened here from lengths_i32.
-Status RunJob(const ExecutionOptions& exec, const int32_t* lengths_i32,
-              int64_t* lengths, int64_t wave, AttentionArgs* args, Job* job) {
+// Allocates nothing that can fail: TaskScratch always finds scratch.
+void RunJob(const ExecutionOptions& exec, const int32_t* lengths_i32,
+            int64_t* lengths, int64_t wave, AttentionArgs* args, Job* job) {
   if (lengths_i32 != nullptr) {
     for (int64_t b = 0; b < args->batch; ++b) lengths[b] = lengths_i32[b];
     args->kv_lengths = lengths;
   }
   RunAttentionTasks(exec, wave, job);
-  if (!job->out_of_memory.load() && job->plan->num_chunks > 1) {
+  if (job->plan->num_chunks > 1) {
     RunTasks(exec, CombineTaskCount(*job->plan), &RunCombineTask, job);
   }
-  if (job->out_of_memory.load()) {
-    return OutOfMemory(
-        "out of memory allocating a worker thread's scratch; o is partly "
-        "written");
-  }
-  return Status::Ok();
+}
+
+// The bytes of the buffers a call computes in (MemoryReport::bytes): its
+// own, one scratch slot per executor thread, and without a workspace the
+// spare slot.
+size_t BuffersInUse(const BufferSizes& sizes, bool spare) {
+  return sizes.lengths + sizes.partials + sizes.packed +
+         static_cast<size_t>(sizes.slots + (spare ? 1 : 0)) * sizes.slot;
 }
 
 // Points the job's buffers into the caller's workspace (sizes.Workspace()
@@ -335,45 +369,70 @@ Status RunInWorkspace(const ExecutionOptions& exec, const BufferSizes& sizes,
   p += sizes.partials;
   if (sizes.packed > 0) job->wave.packed = reinterpret_cast<float*>(p);
   p += sizes.packed;
-  job->slots = reinterpret_cast<float*>(p);
-  job->slot_floats = sizes.slot / sizeof(float);
-  job->num_slots = sizes.slots;
+  ScratchSource& source = job->scratch;
+  source.per_thread = false;
+  source.slots = reinterpret_cast<float*>(p);
+  source.slot_floats = sizes.slot / sizeof(float);
+  source.num_slots = sizes.slots;
   p += static_cast<size_t>(sizes.slots) * sizes.slot;
-  job->slot_busy = reinterpret_cast<std::atomic<uint8_t>*>(p);
+  source.busy = reinterpret_cast<std::atomic<uint8_t>*>(p);
   for (int64_t i = 0; i < sizes.slots; ++i) {
-    new (&job->slot_busy[i]) std::atomic<uint8_t>(0);
+    new (&source.busy[i]) std::atomic<uint8_t>(0);
   }
-  return RunJob(exec, lengths_i32, lengths, sizes.wave, args, job);
+  RunJob(exec, lengths_i32, lengths, sizes.wave, args, job);
+  return Status::Ok();
 }
 
-// Takes the job's buffers from the calling thread's cache and runs it. The
-// calling thread's buffers come first: a failure there writes nothing.
+// The calling thread's scratch and the spare slot that `source` lends to
+// threads whose own scratch cannot be allocated: the spare is leased from
+// t_spare (`spare`). Both come before any task runs.
+Status PrepareScratch(ScratchLease* spare, ScratchSource* source) {
+  if (t_scratch.Get(source->floats, &source->allocated) == nullptr) {
+    return OutOfMemory("out of memory allocating the calling thread's scratch");
+  }
+  source->per_thread = true;
+  source->slots = spare->Get(source->floats, &source->allocated);
+  if (source->slots == nullptr) {
+    return OutOfMemory("out of memory allocating the spare scratch");
+  }
+  source->slot_floats = source->floats;
+  source->num_slots = 1;
+  source->busy = &source->spare_busy;
+  return Status::Ok();
+}
+
+// Takes the job's buffers from the calling thread's cache and runs it.
+// Every buffer that can fail to allocate is in place before the first task
+// runs: a failure writes nothing. (Packed K/V that cannot be allocated are
+// read in place instead, except paged ones, which the tiles never read in
+// place.)
 Status RunWithThreadBuffers(const ExecutionOptions& exec,
                             const BufferSizes& sizes,
                             const int32_t* lengths_i32, AttentionArgs* args,
                             Job* job) {
   ScratchLease call(&t_call);
   ScratchLease packed(&t_packed);
-  if (t_scratch.Get(job->scratch_floats) == nullptr) {
-    return OutOfMemory("out of memory allocating per-thread scratch");
-  }
+  ScratchLease spare(&t_spare);
+  std::atomic<size_t>* allocated = &job->scratch.allocated;
+  Status s = PrepareScratch(&spare, &job->scratch);
+  if (!s.ok()) return s;
   float* call_buffer = nullptr;
   if (sizes.lengths + sizes.partials > 0) {
-    call_buffer = call.Get((sizes.lengths + sizes.partials) / sizeof(float));
+    call_buffer = call.Get((sizes.lengths + sizes.partials) / sizeof(float), allocated);
     if (call_buffer == nullptr) {
-      return OutOfMemory("out of memory allocating per-thread scratch");
+      return OutOfMemory("out of memory allocating the partial results");
     }
   }
   int64_t* lengths = reinterpret_cast<int64_t*>(call_buffer);
   if (sizes.partials > 0) job->wave.partials = call_buffer + sizes.lengths / sizeof(float);
   if (sizes.packed > 0) {
-    job->wave.packed = packed.Get(sizes.packed / sizeof(float));
-    // Paged K/V are never read in place by the tiles.
+    job->wave.packed = packed.Get(sizes.packed / sizeof(float), allocated);
     if (job->wave.packed == nullptr && args->block_table != nullptr) {
       return OutOfMemory("out of memory allocating the packed K/V");
     }
   }
-  return RunJob(exec, lengths_i32, lengths, sizes.wave, args, job);
+  RunJob(exec, lengths_i32, lengths, sizes.wave, args, job);
+  return Status::Ok();
 }
 
 // The sequences of RunSequences whose tasks run together: call c of `calls`
@@ -384,8 +443,7 @@ struct SequenceJob {
   std::vector<size_t> index;
   std::vector<int64_t> first;
   std::vector<Wave> waves;
-  size_t scratch_floats = 0;
-  std::atomic<bool> out_of_memory{false};
+  ScratchSource scratch;
 
   // The call of task i, and i's index among that call's tasks.
   size_t Find(int64_t* i) const {
@@ -398,14 +456,10 @@ struct SequenceJob {
 
 void RunSequenceTask(void* arg, int64_t i) {
   SequenceJob* job = static_cast<SequenceJob*>(arg);
-  float* scratch = t_scratch.Get(job->scratch_floats);
-  if (scratch == nullptr) {
-    job->out_of_memory.store(true);
-    return;
-  }
+  const TaskScratch hold(&job->scratch, i);
   const size_t c = job->Find(&i);
   const SequenceCall& call = (*job->calls)[job->index[c]];
-  job->kernels->attention(call.args, call.plan, job->waves[c], i, scratch);
+  job->kernels->attention(call.args, call.plan, job->waves[c], i, hold.data());
 }
 
 void RunSequenceCombine(void* arg, int64_t i) {
@@ -430,74 +484,116 @@ void WriteEmptySequence(const AttentionArgs& a) {
   }
 }
 
-// Runs the calls of `job` (index set) in one round of attention tasks and
-// one of combines; the partial results lie in the calling thread's buffer.
-Status RunSequenceRounds(const ExecutionOptions& exec, SequenceJob* job) {
+// Runs the calls of `job` (index, first and waves set) in one round of
+// attention tasks and one of combines (tasks [combine_first[c],
+// combine_first[c + 1]) for call c; calls that are not split have none).
+// The partial results lie in the calling thread's t_call, which
+// RunSequences has sized: nothing here fails.
+Status RunSequenceRounds(const ExecutionOptions& exec, size_t partials,
+                         std::vector<int64_t>* combine_first, SequenceJob* job) {
   const std::vector<SequenceCall>& calls = *job->calls;
-  std::vector<int64_t> combine_first(1, 0);
-  size_t partials = 0;
-  for (size_t c : job->index) {
-    const SequenceCall& call = calls[c];
-    job->first.push_back(job->first.back() + AttentionTaskCount(call.plan));
-    if (call.plan.num_chunks > 1) {
-      partials += static_cast<size_t>(PartialFloats(call.plan, call.args.head_dim_v));
-    }
-  }
   ScratchLease buffer(&t_call);
-  float* base = partials > 0 ? buffer.Get(partials) : nullptr;
+  ScratchLease spare(&t_spare);
+  float* base = partials > 0 ? buffer.Get(partials, &job->scratch.allocated) : nullptr;
   if (partials > 0 && base == nullptr) {
-    return OutOfMemory("out of memory allocating per-thread scratch");
+    return OutOfMemory("out of memory allocating the partial results");
   }
-  if (t_scratch.Get(job->scratch_floats) == nullptr) {
-    return OutOfMemory("out of memory allocating per-thread scratch");
-  }
-  job->waves.resize(job->index.size());
+  const Status s = PrepareScratch(&spare, &job->scratch);
+  if (!s.ok()) return s;
   for (size_t c = 0; c < job->index.size(); ++c) {
     const SequenceCall& call = calls[job->index[c]];
-    const int64_t combines = call.plan.num_chunks > 1 ? CombineTaskCount(call.plan) : 0;
-    combine_first.push_back(combine_first.back() + combines);
     if (call.plan.num_chunks > 1) {
       job->waves[c].partials = base;
       base += PartialFloats(call.plan, call.args.head_dim_v);
     }
   }
   RunTasks(exec, job->first.back(), &RunSequenceTask, job);
-  if (job->out_of_memory.load()) {
-    return OutOfMemory("out of memory allocating a worker thread's scratch; o is partly written");
-  }
-  // Calls that are not split have no combine tasks: empty ranges.
-  job->first.swap(combine_first);
+  job->first.swap(*combine_first);
   if (job->first.back() > 0) RunTasks(exec, job->first.back(), &RunSequenceCombine, job);
+  return Status::Ok();
+}
+
+// The floats of the calling thread's buffers that RunSequences needs.
+struct SequenceNeeds {
+  size_t call = 0;     // t_call: the largest of a packed call's and the round's
+  size_t packed = 0;   // t_packed: the largest packed call's wave
+  size_t round = 0;    // the round's partial results
+};
+
+// Grows the calling thread's cached buffers to `needs` (and its scratch and
+// spare to `floats`), before any sequence runs: the runs then find them in
+// place, so a failure here is the only one and writes nothing.
+Status ReserveThreadBuffers(const SequenceNeeds& needs, size_t floats,
+                            std::atomic<size_t>* allocated) {
+  const struct {
+    Scratch* slot;
+    size_t floats;
+  } reserve[] = {{&t_scratch, floats}, {&t_spare, floats},
+                 {&t_call, needs.call}, {&t_packed, needs.packed}};
+  for (const auto& r : reserve) {
+    if (r.floats > 0 && r.slot->Get(r.floats, allocated) == nullptr) {
+      return OutOfMemory("out of memory allocating per-thread buffers");
+    }
+  }
   return Status::Ok();
 }
 
 }  // namespace
 
 Status RunSequences(const ExecutionOptions& exec, const TargetKernels& kernels,
-                    const std::vector<SequenceCall>& calls, int64_t* num_tasks) {
+                    const std::vector<SequenceCall>& calls, int64_t* num_tasks,
+                    MemoryReport* report) {
   SequenceJob job;
   job.kernels = &kernels;
   job.calls = &calls;
-  job.first.push_back(0);
+  job.first.assign(1, 0);
+  std::vector<int64_t> combine_first(1, 0);
+  SequenceNeeds needs;
+  size_t slot = 0;
   *num_tasks = 0;
   for (size_t c = 0; c < calls.size(); ++c) {
     const SequenceCall& call = calls[c];
     if (call.args.kv_len == 0) continue;
-    *num_tasks += AttentionTaskCount(call.plan);
-    job.scratch_floats = kernels.scratch_floats(call.args.head_dim_qk, call.args.head_dim_v);
-    if (call.plan.pack_kv) {
-      const Status s = RunPlan(exec, kernels, call.args, call.plan, nullptr);
-      if (!s.ok()) return s;
-    } else {
-      job.index.push_back(c);
+    const Plan& plan = call.plan;
+    *num_tasks += AttentionTaskCount(plan);
+    const BufferSizes sizes = SizesOf(exec, kernels, call.args, plan, false);
+    job.scratch.floats = sizes.slot / sizeof(float);
+    slot = sizes.slot;
+    if (plan.pack_kv) {
+      needs.call = std::max(needs.call, (sizes.lengths + sizes.partials) / sizeof(float));
+      needs.packed = std::max(needs.packed, sizes.packed / sizeof(float));
+      continue;
+    }
+    job.index.push_back(c);
+    job.first.push_back(job.first.back() + AttentionTaskCount(plan));
+    const int64_t combines = plan.num_chunks > 1 ? CombineTaskCount(plan) : 0;
+    combine_first.push_back(combine_first.back() + combines);
+    if (plan.num_chunks > 1) {
+      needs.round += static_cast<size_t>(PartialFloats(plan, call.args.head_dim_v));
     }
   }
+  job.waves.resize(job.index.size());
+  needs.call = std::max(needs.call, needs.round);
+  Status s = ReserveThreadBuffers(needs, job.scratch.floats, &job.scratch.allocated);
+  if (!s.ok()) return s;
+  MemoryReport plan_report;
+  for (const SequenceCall& call : calls) {
+    if (call.args.kv_len == 0 || !call.plan.pack_kv) continue;
+    s = RunPlan(exec, kernels, call.args, call.plan, nullptr, &plan_report);
+    if (!s.ok()) return s;
+  }
   if (!job.index.empty()) {
-    const Status s = RunSequenceRounds(exec, &job);
+    s = RunSequenceRounds(exec, needs.round, &combine_first, &job);
     if (!s.ok()) return s;
   }
   for (const SequenceCall& call : calls) {
     if (call.args.kv_len == 0) WriteEmptySequence(call.args);
+  }
+  if (report != nullptr) {
+    const size_t threads = static_cast<size_t>(ExecutorThreads(exec));
+    report->bytes = RoundUp(needs.call * sizeof(float)) + needs.packed * sizeof(float) +
+                    (threads + 1) * slot;
+    report->allocated = job.scratch.allocated.load() + plan_report.allocated;
   }
   return Status::Ok();
 }
@@ -510,25 +606,35 @@ size_t WorkspaceBytes(const ExecutionOptions& exec,
 
 Status RunPlan(const ExecutionOptions& exec, const TargetKernels& kernels,
                const AttentionArgs& args, const Plan& plan,
-               const int32_t* kv_lengths_i32) {
+               const int32_t* kv_lengths_i32, MemoryReport* report) {
   AttentionArgs a = args;
   Job job;
   job.args = &a;
   job.plan = &plan;
   job.kernels = &kernels;
-  job.scratch_floats = kernels.scratch_floats(args.head_dim_qk, args.head_dim_v);
-  const BufferSizes sizes =
-      SizesOf(exec, kernels, args, plan, kv_lengths_i32 != nullptr);
-  if (exec.workspace != nullptr) {
-    return RunInWorkspace(exec, sizes, kv_lengths_i32, &a, &job);
-  }
-  return RunWithThreadBuffers(exec, sizes, kv_lengths_i32, &a, &job);
+  job.scratch.floats = kernels.scratch_floats(args.head_dim_qk, args.head_dim_v);
+  BufferSizes sizes = SizesOf(exec, kernels, args, plan, kv_lengths_i32 != nullptr);
+  const bool workspace = exec.workspace != nullptr;
+  const Status s = workspace ? RunInWorkspace(exec, sizes, kv_lengths_i32, &a, &job)
+                             : RunWithThreadBuffers(exec, sizes, kv_lengths_i32, &a, &job);
+  if (!s.ok() || report == nullptr) return s;
+  if (job.wave.packed == nullptr) sizes.packed = 0;  // read in place
+  report->bytes = std::max(report->bytes, BuffersInUse(sizes, !workspace));
+  report->allocated += job.scratch.allocated.load();
+  return s;
 }
 
 void ReleaseThreadBuffers() {
   t_scratch.Free();
   t_call.Free();
   t_packed.Free();
+  t_spare.Free();
 }
+
+void SetAllocationFailureForTesting(int64_t n) {
+  g_fail_countdown.store(n < 0 ? 0 : n);
+}
+
+int64_t AllocationCountForTesting() { return g_allocations.load(); }
 
 }  // namespace simdattn

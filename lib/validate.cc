@@ -156,6 +156,139 @@ bool SelfOverlaps(const int64_t* shape, const int64_t* strides) {
   return false;
 }
 
+ByteSet ViewBytes(const void* data, DType dtype, const int64_t* shape,
+                  const int64_t* strides) {
+  ByteSet set;
+  if (data == nullptr) return set;
+  for (int i = 0; i < 4; ++i) {
+    if (shape[i] <= 0) return set;
+  }
+  if (dtype == DType::kQ8_0) {  // strides[0..2] in bytes, rows of D / 32 blocks
+    const int64_t bytes[4] = {shape[0], shape[1], shape[2], shape[3] / 32 * 34};
+    return ViewBytes(data, DType::kInt8, bytes, strides);
+  }
+  set.base = static_cast<int64_t>(reinterpret_cast<uintptr_t>(data));
+  set.size = DTypeSize(dtype);
+  for (int i = 0; i < 4; ++i) {
+    if (shape[i] == 1 || strides[i] == 0) continue;
+    int64_t stride = strides[i] * set.size;  // fits: ComputeRange succeeded
+    if (stride < 0) {
+      set.base += stride * (shape[i] - 1);
+      stride = -stride;
+    }
+    int d = set.num_dims++;
+    for (; d > 0 && set.stride[d - 1] < stride; --d) {
+      set.stride[d] = set.stride[d - 1];
+      set.extent[d] = set.extent[d - 1];
+    }
+    set.stride[d] = stride;
+    set.extent[d] = shape[i];
+  }
+  return set;
+}
+
+ByteSet ArrayBytes(const void* ptr, int64_t count, int64_t elem_bytes) {
+  ByteSet set;
+  int64_t bytes;
+  if (__builtin_mul_overflow(count, elem_bytes, &bytes)) bytes = INT64_MAX;
+  if (ptr == nullptr || bytes <= 0) return set;
+  set.base = static_cast<int64_t>(reinterpret_cast<uintptr_t>(ptr));
+  set.size = bytes;
+  return set;
+}
+
+namespace {
+
+// Addresses and offsets in 128 bits: no sum or difference here overflows.
+using Wide = __int128;
+
+// The bytes from a set's first byte to past its last.
+Wide Span(const ByteSet& s) {
+  Wide span = s.size;
+  for (int i = 0; i < s.num_dims; ++i) span += Wide{s.stride[i]} * (s.extent[i] - 1);
+  return span;
+}
+
+// `s` without its outermost dimension.
+ByteSet Inner(const ByteSet& s) {
+  ByteSet in = s;
+  in.num_dims = s.num_dims - 1;
+  for (int i = 0; i < in.num_dims; ++i) {
+    in.stride[i] = s.stride[i + 1];
+    in.extent[i] = s.extent[i + 1];
+  }
+  return in;
+}
+
+// Floor of n / d for d > 0.
+Wide FloorDiv(Wide n, Wide d) {
+  Wide q = n / d;
+  if (n % d != 0 && n < 0) --q;
+  return q;
+}
+
+bool SharesAt(const ByteSet& a, Wide a0, const ByteSet& b, Wide b0, int64_t* budget);
+
+// Whether any block of s along its outer dimension (s placed at s0) shares a
+// byte with `other` (at o0): only the blocks whose range meets other's.
+bool AnyBlock(const ByteSet& s, Wide s0, const ByteSet& other, Wide o0, int64_t* budget) {
+  const ByteSet in = Inner(s);
+  const Wide step = s.stride[0];
+  const Wide first = std::max<Wide>(0, FloorDiv(o0 - s0 - Span(in), step) + 1);
+  const Wide last = std::min<Wide>(s.extent[0] - 1, FloorDiv(o0 + Span(other) - 1 - s0, step));
+  for (Wide k = first; k <= last; ++k) {
+    if (SharesAt(in, s0 + k * step, other, o0, budget)) return true;
+  }
+  return false;
+}
+
+// Whether a placed at byte a0 and b at byte b0 share a byte (their own
+// base fields are not read). The set with the largest outer stride P is
+// a row of blocks k P apart; when its inner dimensions span at most P, each
+// block lies in its own window [k P, k P + P). The other set is the same
+// with P (its outer dimension, when its stride is P) or a single block
+// (when it spans at most P). Block m of b then meets only blocks q + m and
+// q + m + 1 of a, at offsets r and r - P (b0 - a0 = q P + r), and the
+// question recurses on the inner dimensions. A set that does not nest so
+// is split into its blocks (AnyBlock). Each step spends one unit of
+// *budget; past it, the answer is true.
+bool SharesAt(const ByteSet& a, Wide a0, const ByteSet& b, Wide b0, int64_t* budget) {
+  if (a.size == 0 || b.size == 0) return false;
+  if (!(a0 < b0 + Span(b) && b0 < a0 + Span(a))) return false;
+  if (a.num_dims == 0 && b.num_dims == 0) return true;
+  if (--*budget < 0) return true;
+  if (a.num_dims == 0 || (b.num_dims > 0 && b.stride[0] > a.stride[0])) {
+    return SharesAt(b, b0, a, a0, budget);
+  }
+  const int64_t period = a.stride[0];
+  const ByteSet a_in = Inner(a);
+  if (Span(a_in) > period) return AnyBlock(a, a0, b, b0, budget);
+  ByteSet b_in = b;
+  int64_t b_blocks = 1;
+  if (b.num_dims > 0 && b.stride[0] == period) {
+    b_in = Inner(b);
+    b_blocks = b.extent[0];
+  }
+  if (Span(b_in) > period) {
+    return b.num_dims > 0 ? AnyBlock(b, b0, a, a0, budget) : AnyBlock(a, a0, b, b0, budget);
+  }
+  Wide q = FloorDiv(b0 - a0, period);
+  const Wide r = b0 - a0 - q * period;
+  // Some block m < b_blocks of b lands on a block shift + m < a.extent[0].
+  const auto lands = [&](Wide shift) { return shift < a.extent[0] && shift + b_blocks > 0; };
+  return (lands(q) && SharesAt(a_in, 0, b_in, r, budget)) ||
+         (lands(q + 1) && SharesAt(a_in, 0, b_in, r - period, budget));
+}
+
+}  // namespace
+
+bool SharesBytes(const ByteSet& a, const ByteSet& b) {
+  // A budget of steps keeps validation cheap whatever the strides; views
+  // that nest decide in a few steps per dimension.
+  int64_t budget = 4096;
+  return SharesAt(a, a.base, b, b.base, &budget);
+}
+
 namespace {
 
 // True when a view's extents are all zero (the "absent" optional view).
@@ -401,42 +534,33 @@ Status ValidateOutputs(const Problem& p, const TensorView& q,
     return Invalid("o.strides make distinct elements of o share memory");
   }
 
-  // Every input's byte range, to reject outputs that overlap an input.
+  // Every input's bytes, to reject outputs that share a byte with one.
   struct Named {
     const char* name;
-    ByteRange range;
+    ByteSet bytes;
   };
   Named inputs[10];
   int n = 0;
-  ByteRange r;
-  ComputeRange(q.data, q.dtype, q.shape, q.strides, &r);
-  inputs[n++] = {"q", r};
-  ComputeRange(k.data, k.dtype, k.shape, k.strides, &r);
-  inputs[n++] = {"k", r};
-  ComputeRange(v.data, v.dtype, v.shape, v.strides, &r);
-  inputs[n++] = {"v", r};
+  inputs[n++] = {"q", ViewBytes(q.data, q.dtype, q.shape, q.strides)};
+  inputs[n++] = {"k", ViewBytes(k.data, k.dtype, k.shape, k.strides)};
+  inputs[n++] = {"v", ViewBytes(v.data, v.dtype, v.shape, v.strides)};
   if (p.has_mask) {
     const TensorView& m = options.mask;
-    ComputeRange(m.data, m.dtype, m.shape, p.mask_strides, &r);
-    inputs[n++] = {"mask", r};
+    inputs[n++] = {"mask", ViewBytes(m.data, m.dtype, m.shape, p.mask_strides)};
   }
   for (const TensorView* sc : {&options.k_scales, &options.v_scales}) {
     if (sc->data == nullptr) continue;
-    ComputeRange(sc->data, sc->dtype, sc->shape, sc->strides, &r);
-    inputs[n++] = {sc == &options.k_scales ? "k_scales" : "v_scales", r};
+    inputs[n++] = {sc == &options.k_scales ? "k_scales" : "v_scales",
+                   ViewBytes(sc->data, sc->dtype, sc->shape, sc->strides)};
   }
-  auto add_array = [&](const char* name, const void* ptr, int64_t bytes) {
-    if (ptr == nullptr) return;
-    const int64_t base = static_cast<int64_t>(reinterpret_cast<uintptr_t>(ptr));
-    inputs[n++] = {name, {base, base + bytes}};
-  };
-  add_array("alibi_slopes", options.alibi_slopes, p.q_heads * 4);
-  add_array("sinks", options.sinks, p.q_heads * 4);
-  add_array("kv_lengths", options.kv_lengths, p.batch * 8);
-  add_array("kv_lengths_i32", options.kv_lengths_i32, p.batch * 4);
+  inputs[n++] = {"alibi_slopes", ArrayBytes(options.alibi_slopes, p.q_heads, 4)};
+  inputs[n++] = {"sinks", ArrayBytes(options.sinks, p.q_heads, 4)};
+  inputs[n++] = {"kv_lengths", ArrayBytes(options.kv_lengths, p.batch, 8)};
+  inputs[n++] = {"kv_lengths_i32", ArrayBytes(options.kv_lengths_i32, p.batch, 4)};
 
+  const ByteSet bo = ViewBytes(o.data, o.dtype, o.shape, o.strides);
   for (int i = 0; i < n; ++i) {
-    if (Overlap(ro, inputs[i].range)) {
+    if (SharesBytes(bo, inputs[i].bytes)) {
       return Invalid(std::string("o overlaps input ") + inputs[i].name +
                      ": outputs must not alias inputs");
     }
@@ -467,9 +591,10 @@ Status ValidateOutputs(const Problem& p, const TensorView& q,
     if (SelfOverlaps(lse.shape, strides)) {
       return Invalid("lse.strides make distinct elements of lse share memory");
     }
-    if (Overlap(rl, ro)) return Invalid("lse overlaps o");
+    const ByteSet bl = ViewBytes(lse.data, lse.dtype, lse.shape, strides);
+    if (SharesBytes(bl, bo)) return Invalid("lse overlaps o");
     for (int i = 0; i < n; ++i) {
-      if (Overlap(rl, inputs[i].range)) {
+      if (SharesBytes(bl, inputs[i].bytes)) {
         return Invalid(std::string("lse overlaps input ") + inputs[i].name +
                        ": outputs must not alias inputs");
       }

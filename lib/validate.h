@@ -38,6 +38,32 @@ bool Overlap(const ByteRange& a, const ByteRange& b);
 // not write one address twice). Call after ComputeRange succeeded.
 bool SelfOverlaps(const int64_t* shape, const int64_t* strides);
 
+// The bytes of a view or an array as a set: base + sum of stride[i] * x_i
+// (0 <= x_i < extent[i]) + [0, size), strides positive and descending
+// (stride-0 and extent-1 dimensions dropped, negative strides flipped).
+struct ByteSet {
+  int64_t base = 0;
+  int64_t size = 0;  // bytes of one element (an array: all of it)
+  int num_dims = 0;
+  int64_t stride[4] = {0, 0, 0, 0};  // bytes
+  int64_t extent[4] = {0, 0, 0, 0};
+};
+
+// The bytes a view touches (call after ComputeRange succeeded); null data
+// or a zero extent gives the empty set (size 0).
+ByteSet ViewBytes(const void* data, DType dtype, const int64_t* shape,
+                  const int64_t* strides);
+// `count` elements of `elem_bytes` bytes from ptr (empty when null); a
+// size past int64 saturates.
+ByteSet ArrayBytes(const void* ptr, int64_t count, int64_t elem_bytes);
+
+// Whether two sets share a byte: exact within a budget of 4096 steps,
+// true past it. Views whose strides nest (each at least the span of the
+// smaller ones: dense, padded, transposed, broadcast and interleaved
+// layouts, e.g. Q and O or q, k and v as views of one buffer) take a few
+// steps per dimension whatever their size; others are split into blocks.
+bool SharesBytes(const ByteSet& a, const ByteSet& b);
+
 // "[d0, d1, d2, d3]".
 std::string ShapeString(const int64_t* shape);
 

@@ -292,10 +292,11 @@ TEST(CApiTest, PoolsHostParallelForAndWorkspace) {
   ASSERT_NE(pool, nullptr);
   EXPECT_EQ(simdattn_pool_num_threads(pool), 3);
   int rounds = 0;
+  const std::string target = TestTargets().front();  // outlives the calls
   for (int executor = 0; executor < 2; ++executor) {
     Outputs out = FreshOutputs(c);
     CCall call(in, &out);
-    call.exec.max_target = TestTargets().front().c_str();
+    call.exec.max_target = target.c_str();
     if (executor == 0) call.exec.pool = pool;
     if (executor == 1) {
       call.exec.parallel_for = &CountingParallelFor;

@@ -35,6 +35,10 @@ NATIVE_PACKAGES=(g++ cmake ninja-build pkg-config libhwy-dev libgtest-dev
 # MPI for examples/context_parallel.cc (built where CMake finds MPI).
 MPI_PACKAGES=(libopenmpi-dev openmpi-bin)
 BENCH_PACKAGES=(libdnnl-dev)  # bench.sh adds gnuplot-nox for its chart
+# Sanitizer and fuzz builds (tools/sanitize.sh, tools/fuzz.sh): clang with
+# its sanitizer and libFuzzer runtimes (libclang-rt; clang only recommends
+# it), and llvm-symbolizer (package llvm) for readable reports.
+SANITIZER_PACKAGES=(clang libclang-rt-14-dev llvm)
 # The Python package and its tests (Debian's Python, not another one on PATH).
 PYTHON_PACKAGES=(python3-dev pybind11-dev python3-numpy python3-pytest python3-torch)
 PYTHON=/usr/bin/python3

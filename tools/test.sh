@@ -2,15 +2,16 @@
 # Installs what is missing, builds simdattn for x86-64 and aarch64, and runs
 # every test: natively on each x86 target this CPU has (C++, C and the
 # Python package's pytest suite; the MPI example on 2 ranks), under
-# qemu-user for NEON, SVE (512, 256 bit) and SVE2 (128, 256, 512 bit), then
-# against the installed package.
+# qemu-user for NEON, SVE (512, 256 bit) and SVE2 (128, 256, 512 bit),
+# against the installed package, under ASan+UBSan and TSan
+# (tools/sanitize.sh), and each libFuzzer target for 20 s (tools/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/common.sh
 
 JOBS=${JOBS:-$(nproc)}
 ensure_packages "${NATIVE_PACKAGES[@]}" "${MPI_PACKAGES[@]}" "${BENCH_PACKAGES[@]}" \
-                "${PYTHON_PACKAGES[@]}"
+                "${PYTHON_PACKAGES[@]}" "${SANITIZER_PACKAGES[@]}"
 ensure_arm64_arch
 ensure_packages g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:arm64
 
@@ -40,16 +41,24 @@ cmake -S . -B build/arm64 -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DSIMDATTN_BUILD_TOOLS=OFF -DSIMDATTN_BUILD_BENCH=OFF
 
 # Side by side: each build waits minutes on one translation unit (the
-# kernels, compiled once per target), so one alone leaves a core idle.
-echo "== x86-64 and aarch64 builds (aarch64 log: build/arm64-build.log)"
+# kernels, compiled once per target), so one alone leaves a core idle. The
+# sanitizer trees (tools/sanitize.sh: clang, AVX2 and SCALAR only) join them.
+echo "== x86-64, aarch64 and sanitizer builds (logs: build/arm64-build.log, build/sanitize-build.log)"
 cmake --build build/arm64 -j "$JOBS" > build/arm64-build.log 2>&1 &
 arm_build=$!
+tools/sanitize.sh build > build/sanitize-build.log 2>&1 &
+sanitize_build=$!
 x86_failed=0
 cmake --build build/x86 -j "$JOBS" || x86_failed=1
 arm_failed=0
 wait "$arm_build" || arm_failed=1
+sanitize_failed=0
+wait "$sanitize_build" || sanitize_failed=1
 if [ $arm_failed -ne 0 ]; then cat build/arm64-build.log; fi
-if [ $x86_failed -ne 0 ] || [ $arm_failed -ne 0 ]; then echo "== build FAILED"; exit 1; fi
+if [ $sanitize_failed -ne 0 ]; then tail -n 80 build/sanitize-build.log; fi
+if [ $x86_failed -ne 0 ] || [ $arm_failed -ne 0 ] || [ $sanitize_failed -ne 0 ]; then
+  echo "== build FAILED"; exit 1
+fi
 tail -n 1 build/arm64-build.log
 
 status=0
@@ -82,6 +91,12 @@ fi
 echo "== aarch64 tests (qemu-user)"
 ctest --test-dir build/arm64 --output-on-failure -j "$JOBS" || status=1
 grep -h "targets run" build/arm64/Testing/Temporary/LastTest.log || status=1
+
+echo "== sanitizers (tools/sanitize.sh test)"
+tools/sanitize.sh test || status=1
+
+echo "== fuzz (tools/fuzz.sh 20): every target 20 s"
+tools/fuzz.sh 20 || status=1
 
 echo "== installed package: find_package(simdattn) and pkg-config, C++ and C"
 rm -rf build/prefix build/consumer build/consumer-c

@@ -223,11 +223,34 @@ using ParallelForFn = void (*)(void* user, int64_t num_tasks,
 // has seen) for its lifetime, and every calling thread a buffer for the
 // packed K/V of the (batch, KV head) groups in flight (prefill: about
 // 32 MiB, but at least one group's Lk x (Dk + Dv) floats per thread; groups
-// above 256 MiB are not packed) and one for the partial results of split
-// calls, so that steady-state calls allocate nothing. ReleaseThreadBuffers()
-// frees the calling thread's. With a workspace of WorkspaceSize() bytes,
-// every one of these buffers, the workers' scratch included, lies in it and
-// the call allocates nothing at all.
+// above 256 MiB are not packed), one for the partial results of split
+// calls and a spare scratch buffer, so that steady-state calls allocate
+// nothing. ReleaseThreadBuffers() frees the calling thread's; a pool's
+// workers free theirs when the pool is destroyed. With a workspace of
+// WorkspaceSize() bytes, every one of these buffers, the workers' scratch
+// included, lies in it and the call allocates nothing at all.
+//
+// The memory a call computes in besides its inputs and outputs
+// (RunInfo::scratch_bytes) is bounded by a formula of its shapes, with
+// T = the executor's threads and R = the rows of a query block (4 f32
+// vectors: 64 on AVX-512, 32 on AVX2, 16 on NEON/SSE, 4 on SCALAR):
+//
+//   scratch_bytes <= (T + 1) S + P + W + L, where
+//   S = 4 (R + 128)(Dk + Dv) + 1320 R + 4096   one thread's scratch
+//   P = 4 B Hkv (Hq / Hkv Lq + R) C (Dv + 2) + 256, only when Lq <= 16
+//       (split key chunks), C = min(256, ceil(Lk / 512)); else 0
+//   W = min(B Hkv g, max(T g, 32 MiB)), g = 4 (Lk + 63)(Dk + Dv + 62),
+//       only for a prefill whose K/V are packed (g <= 256 MiB); else 0
+//   L = 8 B + 256 with kv_lengths_i32, else 0
+//
+// No term grows with Lq x Lk: scores are never materialized. A
+// PagedAttention call is bounded by the same formula with B = 1 and the
+// longest sequence's Lq and Lk, plus P summed over its sequences.
+//
+// Out of memory: every buffer that can fail to allocate is allocated before
+// the first task runs (a worker whose own scratch cannot be allocated
+// borrows the calling thread's spare), so kOutOfMemory leaves every output
+// untouched.
 struct ExecutionOptions {
   ThreadPool* pool = nullptr;
   ParallelForFn parallel_for = nullptr;
@@ -263,6 +286,12 @@ struct RunInfo {
   // or fp8 K/V of one type, without options).
   const char* path = "";
   int64_t num_tasks = 0;    // independent work items handed to the threads
+  // Memory ("Memory" above ExecutionOptions): the bytes of the buffers the
+  // call computed in besides its inputs and outputs (at most the formula
+  // there), and how many bytes it took from the heap for them (0 with a
+  // workspace, and in steady state without one).
+  size_t scratch_bytes = 0;
+  size_t bytes_allocated = 0;
 };
 
 // ---------------------------------------------------------------- Calls
@@ -280,10 +309,7 @@ struct RunInfo {
 //   kUnimplemented   valid, but the fast path does not cover this option or
 //                    dtype yet. Nothing is written.
 //   kOutOfMemory     a buffer could not be allocated (never with a
-//                    workspace). Nothing is written, except when a worker
-//                    thread (not the caller) fails to allocate its scratch
-//                    mid-call: then O may be partly written and the message
-//                    says so.
+//                    workspace). Nothing is written.
 //   kInternal        an unexpected failure; the message says what.
 // Never throws, aborts or prints.
 SIMDATTN_API Status Attention(const TensorView& q, const TensorView& k,
@@ -304,8 +330,9 @@ SIMDATTN_API Status WorkspaceSize(const TensorView& q, const TensorView& k,
                                   const ExecutionOptions& exec, size_t* bytes);
 
 // Frees the buffers that calls without a workspace cached on the calling
-// thread (its scratch, packed K/V and partial results); the next such call
-// allocates them again. Worker threads keep their own scratch.
+// thread (its scratch, the spare scratch, packed K/V and partial results);
+// the next such call allocates them again. Worker threads keep their own
+// scratch until their pool is destroyed.
 SIMDATTN_API void ReleaseThreadBuffers();
 
 // ---------------------------------------------------------------- Targets
@@ -323,6 +350,9 @@ SIMDATTN_API std::vector<std::string> CompiledTargets();
 // the cap set here and goes back to the environment variable
 // SIMDATTN_MAX_TARGET (read at each call). kInvalidArgument for a name that is
 // not a target of this architecture; the cap is then unchanged.
+// Each call reads the cap once, when it starts, and runs on that target to
+// its end: a cap changed from another thread while calls run applies to
+// the calls that start after the change.
 // A SIMDATTN_MAX_TARGET that names no target fails the first call that
 // reads it (kInvalidArgument, naming the variable and the known targets);
 // later calls ignore it and run uncapped.

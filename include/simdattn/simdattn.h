@@ -186,12 +186,20 @@ typedef struct simdattn_exec {
 
 SIMDATTN_C_API void simdattn_exec_init(simdattn_exec* exec);
 
-/* Filled by simdattn_attention() on success when not NULL. */
+/* Filled by simdattn_attention() on success when not NULL. A struct_size
+ * that ends after num_tasks (a caller built against version 0.2.0's
+ * header) gets the fields up to there; the later ones are filled when
+ * struct_size covers them. */
 typedef struct simdattn_run_info {
   size_t struct_size; /* set by the caller: sizeof(simdattn_run_info) */
   const char* target; /* the code path that ran, e.g. "AVX3_DL" */
   const char* path;   /* "tiled", "decode" or "fused decode" */
   int64_t num_tasks;  /* independent work items handed to the threads */
+  /* Bytes of the buffers the call computed in besides its inputs and
+   * outputs (bounded by attention.h's "Memory" formula of the shapes), and
+   * how many of them it took from the heap (0 in steady state). */
+  size_t scratch_bytes;
+  size_t bytes_allocated;
 } simdattn_run_info;
 
 /* ------------------------------------------------------------- calls */
