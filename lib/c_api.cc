@@ -748,13 +748,6 @@ Status CMhaLoad(simdattn_mha* layer, const simdattn_named_tensor* tensors, int64
   return layer->layer->LoadWeights(named.data(), num, ex);
 }
 
-void CopyRunInfo(const RunInfo& run, simdattn_run_info* info) {
-  if (info == nullptr) return;
-  info->target = run.target;
-  info->path = run.path;
-  info->num_tasks = run.num_tasks;
-}
-
 Status CMhaForward(simdattn_mha* layer, const simdattn_mha_tensor* query,
                    const simdattn_mha_tensor* key, const simdattn_mha_tensor* value,
                    const simdattn_mha_tensor* out, const simdattn_mha_options* options,

@@ -105,6 +105,8 @@ void CheckQuant(const QuantCase& c, const QuantInputs& in,
   ASSERT_TRUE(rs.ok()) << rs.message;
   const double max_v = in.v.MaxAbs();
   for (PackPolicy pack : {PackPolicy::kAuto, PackPolicy::kNever}) {
+    // Quick mode (qemu): the packed path only.
+    if (QuickMode() && pack == PackPolicy::kNever) continue;
     for (const std::string& target : TestTargets()) {
       SCOPED_TRACE(std::string(pack == PackPolicy::kNever ? "in place " : "packed ") +
                    target);
@@ -140,7 +142,7 @@ TEST(QuantKvTest, EveryFormatDecodeAndPrefill) {
       c.k_dtype = c.v_dtype = t;
       c.kv_heads = shape == 3 ? 1 : 2;
       c.q_len = shape == 0 ? 1 : shape == 1 ? 3 : 70;
-      c.kv_len = shape == 0 ? 1100 : 77;
+      c.kv_len = shape == 0 ? (QuickMode() ? 300 : 1100) : 77;
       c.batch = shape == 2 ? 2 : 1;
       c.layout = shape % 2 ? Layout::kBHSD : Layout::kBSHD;
       c.pad = shape == 2 ? 5 : 0;
