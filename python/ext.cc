@@ -50,6 +50,18 @@ simdattn_pool* PoolOf(int32_t threads) {
   return pool;
 }
 
+// The executor of one call: a pool of `threads` threads (0: the library's
+// default) and the target cap ("" for none; `target` must outlive exec).
+// False when the pool cannot be created.
+bool MakeExec(int32_t threads, const std::string& target, simdattn_exec* exec) {
+  simdattn_exec_init(exec);
+  exec->max_target = target.empty() ? nullptr : target.c_str();
+  if (threads > 0) exec->pool = PoolOf(threads);
+  return threads <= 0 || exec->pool != nullptr;
+}
+
+constexpr const char* kNoPool = "could not create a pool of threads";
+
 struct Options {
   simdattn_options c;
   Options(bool has_scale, float scale, bool causal, int32_t alignment,
@@ -115,16 +127,10 @@ py::tuple Attention(const Operand& q, const Operand& k, const Operand& v,
   if (has_lse) tlse = ToTensor(lse.cast<Operand>());
   if (!mask.is_none()) opt.mask = ToTensor(mask.cast<Operand>());
   simdattn_exec exec;
-  simdattn_exec_init(&exec);
-  exec.max_target = target.empty() ? nullptr : target.c_str();
-  exec.allow_bf16_compute = allow_bf16_compute;
-  if (threads > 0) {
-    exec.pool = PoolOf(threads);
-    if (exec.pool == nullptr) {
-      return py::make_tuple(int{SIMDATTN_OUT_OF_MEMORY},
-                            "could not create a pool of threads", "", "");
-    }
+  if (!MakeExec(threads, target, &exec)) {
+    return py::make_tuple(int{SIMDATTN_OUT_OF_MEMORY}, kNoPool, "", "");
   }
+  exec.allow_bf16_compute = allow_bf16_compute;
   simdattn_run_info info;
   info.struct_size = sizeof(info);
   int status;
@@ -176,12 +182,8 @@ py::tuple AppendKv(const Operand& k_new, const Operand& v_new,
   scales.k_scale = std::get<2>(kv_scales);
   scales.v_scale = std::get<3>(kv_scales);
   simdattn_exec exec;
-  simdattn_exec_init(&exec);
-  if (threads > 0) {
-    exec.pool = PoolOf(threads);
-    if (exec.pool == nullptr) {
-      return py::make_tuple(int{SIMDATTN_OUT_OF_MEMORY}, "could not create a pool of threads");
-    }
+  if (!MakeExec(threads, "", &exec)) {
+    return py::make_tuple(int{SIMDATTN_OUT_OF_MEMORY}, kNoPool);
   }
   int status;
   std::string message;
@@ -224,14 +226,8 @@ py::tuple PagedAttention(const Operand& q, const Operand& k, const Operand& v,
   cache.block_table_stride = arrays.block_table_stride;
   cache.kv_lens = reinterpret_cast<const int32_t*>(arrays.kv_lens);
   simdattn_exec exec;
-  simdattn_exec_init(&exec);
-  exec.max_target = target.empty() ? nullptr : target.c_str();
-  if (threads > 0) {
-    exec.pool = PoolOf(threads);
-    if (exec.pool == nullptr) {
-      return py::make_tuple(int{SIMDATTN_OUT_OF_MEMORY},
-                            "could not create a pool of threads", "", "");
-    }
+  if (!MakeExec(threads, target, &exec)) {
+    return py::make_tuple(int{SIMDATTN_OUT_OF_MEMORY}, kNoPool, "", "");
   }
   simdattn_run_info info;
   info.struct_size = sizeof(info);
@@ -261,12 +257,8 @@ py::tuple MergeStates(const std::vector<Operand>& outs,
   const bool has_lse = !lse.is_none();
   if (has_lse) tlse = ToTensor(lse.cast<Operand>());
   simdattn_exec exec;
-  simdattn_exec_init(&exec);
-  if (threads > 0) {
-    exec.pool = PoolOf(threads);
-    if (exec.pool == nullptr) {
-      return py::make_tuple(int{SIMDATTN_OUT_OF_MEMORY}, "could not create a pool of threads");
-    }
+  if (!MakeExec(threads, "", &exec)) {
+    return py::make_tuple(int{SIMDATTN_OUT_OF_MEMORY}, kNoPool);
   }
   int status;
   std::string message;
