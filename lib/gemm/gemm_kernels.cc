@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "hwy/highway.h"
+#include "lib/export_index.h"
 #include "lib/dtype.h"
 #include "lib/gemm/gemm_kernels.h"
 #include "lib/gemm/gemm_tile-inl.h"
@@ -107,19 +108,9 @@ namespace simdattn {
 
 HWY_EXPORT(GetGemmKernels);
 
-// Highway's export table: entry 0 is its own chooser, entries
-// 1..HWY_MAX_DYNAMIC_TARGETS the dynamic targets in ChosenTarget bit order,
-// the last one SCALAR/EMU128.
 const GemmKernels* GemmKernelsForTarget(int64_t target_bit) {
-  if ((target_bit & HWY_TARGETS) == 0) return nullptr;
-  size_t index;
-  if (target_bit == HWY_SCALAR || target_bit == HWY_EMU128) {
-    index = HWY_MAX_DYNAMIC_TARGETS + 1;
-  } else {
-    const int64_t shifted = HWY_CHOSEN_TARGET_SHIFT(target_bit);
-    if (shifted == 0) return nullptr;
-    index = hwy::Num0BitsBelowLS1Bit_Nonzero64(static_cast<uint64_t>(shifted));
-  }
+  const int64_t index = ExportTableIndex(target_bit);
+  if (index < 0) return nullptr;
   const auto fn = HWY_DISPATCH_TABLE(GetGemmKernels)[index];
   return fn == nullptr ? nullptr : fn();
 }

@@ -6,6 +6,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include "hwy/highway.h"
+#include "lib/export_index.h"
 #include "lib/kernels/combine-inl.h"
 #include "lib/kernels/prefill-inl.h"
 #include "lib/kernels/kernels.h"
@@ -101,18 +102,8 @@ namespace simdattn {
 HWY_EXPORT(GetTargetKernels);
 
 const TargetKernels* KernelsForTarget(int64_t target_bit) {
-  if ((target_bit & HWY_TARGETS) == 0) return nullptr;
-  // Highway's export table: entry 0 is its own lazy chooser (unused here),
-  // entries 1..HWY_MAX_DYNAMIC_TARGETS are the dynamic targets in the
-  // ChosenTarget bit order, the last one is SCALAR/EMU128.
-  size_t index;
-  if (target_bit == HWY_SCALAR || target_bit == HWY_EMU128) {
-    index = HWY_MAX_DYNAMIC_TARGETS + 1;
-  } else {
-    const int64_t shifted = HWY_CHOSEN_TARGET_SHIFT(target_bit);
-    if (shifted == 0) return nullptr;
-    index = hwy::Num0BitsBelowLS1Bit_Nonzero64(static_cast<uint64_t>(shifted));
-  }
+  const int64_t index = ExportTableIndex(target_bit);
+  if (index < 0) return nullptr;
   const auto fn = HWY_DISPATCH_TABLE(GetTargetKernels)[index];
   return fn == nullptr ? nullptr : fn();
 }

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "hwy/highway.h"
+#include "lib/export_index.h"
 #include "lib/dtype.h"
 #include "lib/kernels/convert-inl.h"
 #include "lib/kernels/merge_kernels.h"
@@ -114,21 +115,11 @@ const MergeKernels* MergeKernelsFor(const char* target_name) {
       std::strcmp(target_name, "AVX3_AMX") == 0) {
     target_name = "AVX3";
   }
-  // Highway's export table: entry 0 is its lazy chooser (unused here),
-  // entries 1..HWY_MAX_DYNAMIC_TARGETS the dynamic targets in the
-  // ChosenTarget bit order, the last one SCALAR/EMU128 (as in
-  // KernelsForTarget of attention.cc).
   for (uint64_t rest = HWY_TARGETS; rest != 0; rest &= rest - 1) {
     const int64_t bit = static_cast<int64_t>(rest & (~rest + 1));
     if (std::strcmp(hwy::TargetName(bit), target_name) != 0) continue;
-    size_t index;
-    if (bit == HWY_SCALAR || bit == HWY_EMU128) {
-      index = HWY_MAX_DYNAMIC_TARGETS + 1;
-    } else {
-      const int64_t shifted = HWY_CHOSEN_TARGET_SHIFT(bit);
-      if (shifted == 0) return nullptr;
-      index = hwy::Num0BitsBelowLS1Bit_Nonzero64(static_cast<uint64_t>(shifted));
-    }
+    const int64_t index = ExportTableIndex(bit);
+    if (index < 0) return nullptr;
     const auto fn = HWY_DISPATCH_TABLE(GetMergeKernels)[index];
     return fn == nullptr ? nullptr : fn();
   }
