@@ -88,6 +88,7 @@ void BenchDecodeSimdattn(benchmark::State& state, const Shape& s, KvStore kv, in
 
 void BenchDecodeOneDnn(benchmark::State& state, const Shape& s, KvStore kv, int threads) {
   const std::shared_ptr<DecodeCopies> c = CachedDecodeCopies(s, kv);
+  SetOneDnnThreads(threads);
   const auto dnn = OneDnnDecode::Make(state, s, *c, kv == KvStore::kBF16, c->o.data());
   if (dnn == nullptr) return;
   size_t i = 0;

@@ -21,6 +21,7 @@
 #include "bench/common.h"
 #include "bench/entries.h"
 #include "bench/mha_entries.h"
+#include "bench/onednn_attention.h"
 #include "bench/onednn_matmul.h"
 #include "lib/gemm/gemm.h"
 
@@ -115,7 +116,8 @@ struct OneDnnGemm {
   std::vector<std::unique_ptr<OneDnnMatmul>> mm;
   size_t next = 0;
   // False after marking the entry as failed.
-  bool Make(benchmark::State& state, const GemmShape& s, GemmProblem& p) {
+  bool Make(benchmark::State& state, const GemmShape& s, GemmProblem& p, int threads) {
+    SetOneDnnThreads(threads);
     for (size_t i = WeightCopies(s); i > 0; --i) {
       mm.emplace_back(new OneDnnMatmul(s.m, s.n, s.k, p.w, p.bias.data()));
       if (!mm.back()->error().empty()) {
@@ -145,7 +147,7 @@ void BenchGemmSimdattn(benchmark::State& state, const GemmShape& s, int threads)
 void BenchGemmOneDnn(benchmark::State& state, const GemmShape& s, int threads) {
   GemmProblem& p = CachedGemmProblem(s);
   OneDnnGemm g;
-  if (!g.Make(state, s, p)) return;
+  if (!g.Make(state, s, p, threads)) return;
   for (auto _ : state) g.Run(p, threads);
   state.SetLabel(g.mm[0]->implementation());
   SetGemmCounters(state, s);
@@ -155,7 +157,7 @@ void BenchGemmOneDnn(benchmark::State& state, const GemmShape& s, int threads) {
 void BenchGemmPaired(benchmark::State& state, const GemmShape& s, int threads) {
   GemmProblem& p = CachedGemmProblem(s);
   OneDnnGemm dnn;
-  if (!dnn.Make(state, s, p)) return;
+  if (!dnn.Make(state, s, p, threads)) return;
   SimdattnGemm g(s, p, threads);
   TimePairs(
       state,

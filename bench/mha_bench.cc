@@ -16,6 +16,7 @@
 
 #include "bench/common.h"
 #include "bench/mha_entries.h"
+#include "bench/onednn_attention.h"
 #include "bench/onednn_mha.h"
 #include "simdattn/mha.h"
 
@@ -150,6 +151,7 @@ void BenchMhaSimdattn(benchmark::State& state, const MhaShape& s, bool causal, i
 
 void BenchMhaOneDnn(benchmark::State& state, const MhaShape& s, bool causal, int threads) {
   MhaProblem& p = CachedMhaProblem(s);
+  SetOneDnnThreads(threads);
   OneDnnMha mha({s.q_len, s.kv_len, s.embed_dim, s.heads, s.kv_heads, s.head_dim(), causal,
                  s.decode},
                 p.w_qkv.data(), p.b_qkv.data(), p.w_o.data(), p.b_o.data(), p.k_cache,

@@ -119,9 +119,11 @@ const std::string& OneDnnAttention::implementations() const {
   return impl_->impls;
 }
 
+void SetOneDnnThreads(int threads) { omp_set_num_threads(threads); }
+
 void OneDnnAttention::Run(int threads) {
   Impl& m = *impl_;
-  omp_set_num_threads(threads);
+  SetOneDnnThreads(threads);
   if (m.causal) {
     m.qk.execute(m.stream,
                  {{DNNL_ARG_SRC, m.q_mem},

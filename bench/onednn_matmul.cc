@@ -2,13 +2,12 @@
 
 #include "bench/onednn_matmul.h"
 
-#include <omp.h>
-
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "bench/common.h"
+#include "bench/onednn_attention.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace simdattn {
@@ -64,7 +63,7 @@ const std::string& OneDnnMatmul::implementation() const { return impl_->impl; }
 
 void OneDnnMatmul::Run(const float* src, float* dst, int threads) {
   Impl& x = *impl_;
-  omp_set_num_threads(threads);
+  SetOneDnnThreads(threads);
   dnnl::memory s(x.src_md, x.engine, const_cast<float*>(src));
   dnnl::memory d(x.dst_md, x.engine, dst);
   if (x.bias) {

@@ -3,8 +3,6 @@
 
 #include "bench/onednn_mha.h"
 
-#include <omp.h>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +11,7 @@
 #include <vector>
 
 #include "bench/onednn_matmul.h"
+#include "bench/onednn_attention.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace simdattn {
@@ -133,7 +132,7 @@ void OneDnnMha::Run(const float* x, float* out, int threads) {
   const OneDnnMhaShape& s = m.s;
   const int64_t D = s.head_dim, nq = s.heads * D, nkv = s.kv_heads * D;
   m.qkv_mm->Run(x, m.qkv.data(), threads);
-  omp_set_num_threads(threads);
+  SetOneDnnThreads(threads);
   float* qkv = m.qkv.data();
   dnnl::memory q(m.q_md, m.engine, qkv), o(m.o_md, m.engine, m.o.data());
   dnnl::memory k, v;

@@ -61,6 +61,7 @@ void BenchPairedPrefill(benchmark::State& state, const Shape& s, const Variant& 
 void BenchPairedOneDnn(benchmark::State& state, const Shape& s, bool causal, int threads) {
   Problem& p = CachedProblem(s);
   std::vector<float> o_dnn(p.o.size());
+  SetOneDnnThreads(threads);
   OneDnnAttention attn(s.batch, s.q_heads, s.kv_heads, s.q_len, s.kv_len, s.head_dim, causal, false,
                        p.q.data(), p.k.data(), p.v.data(), o_dnn.data());
   if (!attn.error().empty()) {
@@ -146,6 +147,7 @@ void BenchPairedDecodeRead(benchmark::State& state, const Shape& s, KvStore kv, 
 void BenchPairedDecodeOneDnn(benchmark::State& state, const Shape& s, KvStore kv, int threads) {
   const std::shared_ptr<DecodeCopies> c = CachedDecodeCopies(s, kv);
   std::vector<float> o_dnn(c->o.size());
+  SetOneDnnThreads(threads);
   const auto dnn = OneDnnDecode::Make(state, s, *c, kv == KvStore::kBF16, o_dnn.data());
   if (dnn == nullptr) return;
   ThreadPool pool(threads);

@@ -115,6 +115,7 @@ void BenchOneDnn(benchmark::State& state, const Shape& s, bool causal, int threa
     k16 = RoundTo16(p.k, DType::kBF16);
     v16 = RoundTo16(p.v, DType::kBF16);
   }
+  SetOneDnnThreads(threads);
   OneDnnAttention attn(s.batch, s.q_heads, s.kv_heads, s.q_len, s.kv_len, s.head_dim, causal, bf16,
                        bf16 ? (const void*)q16.data() : p.q.data(),
                        bf16 ? (const void*)k16.data() : p.k.data(),
@@ -190,6 +191,7 @@ bool Verify(const Shape& s, bool causal) {
   };
   const Status st = Attention(p.Q(), p.K(), p.V(), p.O(), options);
   const double e_simd = st.ok() ? max_err(p.o) : INFINITY;
+  SetOneDnnThreads(1);
   OneDnnAttention dnn(s.batch, s.q_heads, s.kv_heads, s.q_len, s.kv_len, s.head_dim, causal, false,
                       p.q.data(), p.k.data(), p.v.data(), p.o.data());
   dnn.Run(1);
