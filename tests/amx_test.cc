@@ -193,6 +193,13 @@ TEST(AmxTest, AllowBf16ComputeRoundsOnlyOnTheTiles) {
   uint32_t seed = 900;
   for (const auto& t : types) {
     for (bool causal : {false, true}) {
+      // Quick mode: f32 and mixed 16-bit inputs, causal only.
+      const bool quick_case = causal && (t[0] == DType::kF32 ? t[1] == DType::kF32
+                                                             : t[0] == DType::kBF16);
+      if (QuickMode() && !quick_case) {
+        ++seed;
+        continue;
+      }
       Case c;
       c.batch = 1, c.q_heads = 4, c.kv_heads = 2, c.q_len = 130, c.kv_len = 300;
       c.dk = 72, c.dv = 40;

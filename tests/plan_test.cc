@@ -17,13 +17,16 @@ namespace test {
 
 namespace {
 
-// The plan of case c for a target of `caps`.
+// The plan of case c for a target of `caps` (planning reads shapes only: the
+// tensors keep their initial values).
 Plan PlanOf(const Case& c, const TargetCaps& caps) {
-  const Inputs in = MakeInputs(c, 1);
+  const Tensor q(c.q_dtype, c.batch, c.q_heads, c.q_len, c.dk, c.layout, c.pad, c.offset);
+  const Tensor k(c.kv_dtype, c.batch, c.kv_heads, c.kv_len, c.dk, c.layout, c.pad, c.offset);
+  const Tensor v(c.kv_dtype, c.batch, c.kv_heads, c.kv_len, c.dv, c.layout, c.pad, c.offset);
   Tensor o(c.o_dtype, c.batch, c.q_heads, c.q_len, c.dv, c.layout, 0, 0);
   Plan plan;
-  const Status s = PlanCall(in.q.View(), in.k.View(), in.v.View(), o.MutableView(),
-                            c.options, {}, caps, &plan);
+  const Status s = PlanCall(q.View(), k.View(), v.View(), o.MutableView(), c.options, {},
+                            caps, &plan);
   EXPECT_TRUE(s.ok()) << s.message;
   return plan;
 }
@@ -134,9 +137,10 @@ TEST(PlanTest, LongerDecodeChunksWithManyGroups) {
   int n = 0;
   for (const int64_t kv_len : {5000, 9000}) {  // chunks of 1024 / 2048 keys
     for (const DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
-      // Quick mode (qemu): 5000 with f32 and bf16, 9000 with f16.
+      // Quick mode (qemu): 5000 keys with f32 K/V only (the chunk length is
+      // the planner's, the same on every target).
       const int idx = n++;
-      if (QuickMode() && idx % 2 == 1) continue;
+      if (QuickMode() && idx != 0) continue;
       Case c;
       c.kv_dtype = kv;
       c.bound = OutputBound(DType::kF32);  // exact widening, f32 math
