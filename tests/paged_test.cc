@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <numeric>
 #include <random>
 #include <set>
 #include <string>
@@ -41,38 +40,23 @@ struct PagedCase {
 
 // The inputs of a case: pages handed out to sequences in a random order
 // (with spare pages no sequence uses).
-struct PagedInputs {
+struct PagedInputs : PageTable {
   Tensor q, k, v, mask;
-  std::vector<int32_t> table, kv_lens, cu;
-  int64_t max_blocks = 0, total_q = 0;
 };
 
 PagedInputs MakePaged(const PagedCase& c, uint32_t seed) {
   std::mt19937 rng(seed);
-  PagedInputs in;
-  const int64_t n = static_cast<int64_t>(c.seqs.size());
-  in.cu.push_back(0);
+  std::vector<int64_t> lq, lk;
   int64_t longest = 1;
   for (const Seq& s : c.seqs) {
-    in.cu.push_back(static_cast<int32_t>(in.cu.back() + s.lq));
-    in.kv_lens.push_back(static_cast<int32_t>(s.lk));
-    in.max_blocks = std::max(in.max_blocks, (s.lk + c.block_size - 1) / c.block_size);
+    lq.push_back(s.lq);
+    lk.push_back(s.lk);
     longest = std::max(longest, s.lk);
   }
-  in.max_blocks = std::max<int64_t>(in.max_blocks, 1) + 1;  // one unused column
-  in.total_q = in.cu.back();
-  const int64_t num_blocks = n * in.max_blocks + 3;
-  std::vector<int32_t> pages(static_cast<size_t>(num_blocks));
-  std::iota(pages.begin(), pages.end(), 0);
-  std::shuffle(pages.begin(), pages.end(), rng);
-  // Unused entries hold pages out of range: they must never be read.
-  in.table.assign(static_cast<size_t>(n * in.max_blocks), -7);
-  size_t next = 0;
-  for (int64_t s = 0; s < n; ++s) {
-    for (int64_t b = 0; b * c.block_size < c.seqs[s].lk; ++b) {
-      in.table[s * in.max_blocks + b] = pages[next++];
-    }
-  }
+  PagedInputs in;
+  // One unused column, 3 spare pages.
+  static_cast<PageTable&>(in) = PageTable(lq, lk, c.block_size, 1, 3, -7, &rng);
+  const int64_t num_blocks = in.num_blocks;
   const Layout kv_layout = c.nhd ? Layout::kBSHD : Layout::kBHSD;
   in.q = Tensor(c.q_dtype, 1, c.q_heads, in.total_q, c.dk, Layout::kBSHD);
   in.k = Tensor(c.kv_dtype, num_blocks, c.kv_heads, c.block_size, c.dk, kv_layout);
@@ -92,15 +76,7 @@ PagedInputs MakePaged(const PagedCase& c, uint32_t seed) {
   return in;
 }
 
-PagedKvCache CacheOf(const PagedInputs& in) {
-  PagedKvCache cache;
-  cache.k = in.k.View();
-  cache.v = in.v.View();
-  cache.block_table = in.table.data();
-  cache.max_blocks_per_seq = in.max_blocks;
-  cache.kv_lens = in.kv_lens.data();
-  return cache;
-}
+PagedKvCache CacheOf(const PagedInputs& in) { return in.Cache(in.k.View(), in.v.View()); }
 
 AttentionOptions OptionsOf(const PagedCase& c, const PagedInputs& in) {
   AttentionOptions o = c.options;

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -29,36 +28,17 @@ struct PagedQuantCase {
   Layout layout = Layout::kBSHD;  // NHD pages; kBHSD: HND
 };
 
-struct PagedQuantInputs {
+struct PagedQuantInputs : PageTable {
   Tensor q;
   KvTensor k, v;  // [num_blocks, Hkv, block_size, D]
-  std::vector<int32_t> table, kv_lens, cu;
-  int64_t max_blocks = 0, total_q = 0;
 };
 
 PagedQuantInputs MakeInputs(const PagedQuantCase& c, uint32_t seed) {
   std::mt19937 rng(seed);
   PagedQuantInputs in;
-  const int64_t n = static_cast<int64_t>(c.lq.size());
-  in.cu.push_back(0);
-  for (int64_t s = 0; s < n; ++s) {
-    in.cu.push_back(static_cast<int32_t>(in.cu.back() + c.lq[s]));
-    in.kv_lens.push_back(static_cast<int32_t>(c.lk[s]));
-    in.max_blocks = std::max(in.max_blocks, (c.lk[s] + c.block_size - 1) / c.block_size);
-  }
-  in.max_blocks = std::max<int64_t>(in.max_blocks, 1);
-  in.total_q = in.cu.back();
-  const int64_t num_blocks = n * in.max_blocks + 2;
-  std::vector<int32_t> pages(static_cast<size_t>(num_blocks));
-  std::iota(pages.begin(), pages.end(), 0);
-  std::shuffle(pages.begin(), pages.end(), rng);
-  in.table.assign(static_cast<size_t>(n * in.max_blocks), -3);
-  size_t next = 0;
-  for (int64_t s = 0; s < n; ++s) {
-    for (int64_t b = 0; b * c.block_size < c.lk[s]; ++b) {
-      in.table[s * in.max_blocks + b] = pages[next++];
-    }
-  }
+  // 2 spare pages.
+  static_cast<PageTable&>(in) = PageTable(c.lq, c.lk, c.block_size, 0, 2, -3, &rng);
+  const int64_t num_blocks = in.num_blocks;
   in.q = Tensor(DType::kF32, 1, c.q_heads, in.total_q, c.dk, Layout::kBSHD);
   in.q.FillUniform(&rng, -1.0f, 1.0f);
   Tensor k(DType::kF32, num_blocks, c.kv_heads, c.block_size, c.dk);
@@ -100,12 +80,7 @@ KvTensor Gather(const PagedQuantCase& c, const PagedQuantInputs& in,
 void CheckPagedQuant(const PagedQuantCase& c, uint32_t seed) {
   SCOPED_TRACE(std::string("K ") + DTypeName(c.k_dtype) + " V " + DTypeName(c.v_dtype));
   const PagedQuantInputs in = MakeInputs(c, seed);
-  PagedKvCache cache;
-  cache.k = in.k.View();
-  cache.v = in.v.View();
-  cache.block_table = in.table.data();
-  cache.max_blocks_per_seq = in.max_blocks;
-  cache.kv_lens = in.kv_lens.data();
+  const PagedKvCache cache = in.Cache(in.k.View(), in.v.View());
   AttentionOptions options;
   options.causal = true;
   SetScales(in.k, true, &options);

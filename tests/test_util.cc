@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <numeric>
 #include <sstream>
 
 #include "lib/dtype.h"
@@ -230,6 +231,39 @@ double OutputBound(DType narrowest) {
     default:
       return 2e-5;
   }
+}
+
+PageTable::PageTable(const std::vector<int64_t>& lq, const std::vector<int64_t>& lk,
+                     int64_t block_size, int64_t spare_columns, int64_t spare_pages,
+                     int32_t unused, std::mt19937* rng) {
+  const int64_t n = static_cast<int64_t>(lk.size());
+  cu.push_back(0);
+  for (int64_t s = 0; s < n; ++s) {
+    cu.push_back(static_cast<int32_t>(cu.back() + lq[s]));
+    kv_lens.push_back(static_cast<int32_t>(lk[s]));
+    max_blocks = std::max(max_blocks, (lk[s] + block_size - 1) / block_size);
+  }
+  max_blocks = std::max<int64_t>(max_blocks, 1) + spare_columns;
+  total_q = cu.back();
+  num_blocks = n * max_blocks + spare_pages;
+  std::vector<int32_t> pages(static_cast<size_t>(num_blocks));
+  std::iota(pages.begin(), pages.end(), 0);
+  std::shuffle(pages.begin(), pages.end(), *rng);
+  table.assign(static_cast<size_t>(n * max_blocks), unused);
+  size_t next = 0;
+  for (int64_t s = 0; s < n; ++s) {
+    for (int64_t b = 0; b * block_size < lk[s]; ++b) table[s * max_blocks + b] = pages[next++];
+  }
+}
+
+PagedKvCache PageTable::Cache(const TensorView& k, const TensorView& v) const {
+  PagedKvCache cache;
+  cache.k = k;
+  cache.v = v;
+  cache.block_table = table.data();
+  cache.max_blocks_per_seq = max_blocks;
+  cache.kv_lens = kv_lens.data();
+  return cache;
 }
 
 }  // namespace test

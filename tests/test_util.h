@@ -13,9 +13,27 @@
 
 #include "lib/cache_line_allocator.h"
 #include "simdattn/attention.h"
+#include "simdattn/serving.h"
 
 namespace simdattn {
 namespace test {
+
+// The block table of a paged cache for sequences of lq[s] queries and lk[s]
+// keys, pages of block_size tokens: the pages the sequences use are handed
+// out in a random order (from rng) among num_blocks, spare_pages of which no
+// sequence uses; table entries past a sequence's pages hold `unused` (a
+// page out of range, which must never be read), and spare_columns columns
+// past the longest sequence's pages are unused in every row.
+struct PageTable {
+  std::vector<int32_t> table, kv_lens, cu;  // cu: cu_seqlens_q
+  int64_t max_blocks = 0, num_blocks = 0, total_q = 0;
+  PageTable() = default;
+  PageTable(const std::vector<int64_t>& lq, const std::vector<int64_t>& lk,
+            int64_t block_size, int64_t spare_columns, int64_t spare_pages,
+            int32_t unused, std::mt19937* rng);
+  // The cache of K and V pages [num_blocks, Hkv, block_size, D] over it.
+  PagedKvCache Cache(const TensorView& k, const TensorView& v) const;
+};
 
 // True when SIMDATTN_TEST_QUICK is set (under qemu): sweeps use fewer shapes.
 bool QuickMode();
