@@ -12,17 +12,11 @@
 #include <vector>
 
 #include "lib/quant.h"
+#include "lib/status.h"
 #include "lib/validate.h"
 
 namespace simdattn {
 namespace {
-
-Status Invalid(const std::string& message) {
-  Status s;
-  s.code = StatusCode::kInvalidArgument;
-  s.message = message;
-  return s;
-}
 
 // Names of the logical dimensions, for messages.
 using DimNames = const char* const[4];

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "lib/dispatch.h"
+#include "lib/status.h"
 #include "simdattn/attention.h"
 #include "simdattn/serving.h"
 
@@ -46,13 +47,6 @@ int Finish(const Status& s) {
     CopyMessage(s.message, t_last_error, sizeof(t_last_error));
   }
   return static_cast<int>(s.code);
-}
-
-Status Invalid(const std::string& message) {
-  Status s;
-  s.code = StatusCode::kInvalidArgument;
-  s.message = message;
-  return s;
 }
 
 // A struct the caller sized with struct_size: at least this version's size;

@@ -8,17 +8,11 @@
 #include <sstream>
 #include <string>
 
+#include "lib/status.h"
 #include "lib/validate.h"
 
 namespace simdattn {
 namespace {
-
-Status Invalid(const std::string& message) {
-  Status s;
-  s.code = StatusCode::kInvalidArgument;
-  s.message = message;
-  return s;
-}
 
 const char* const kDimNames[4] = {"B", "H", "L", "Dv"};
 

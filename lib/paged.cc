@@ -15,18 +15,12 @@
 #include "lib/kernels/kernels.h"
 #include "lib/plan.h"
 #include "lib/run.h"
+#include "lib/status.h"
 #include "lib/validate.h"
 #include "simdattn/serving.h"
 
 namespace simdattn {
 namespace {
-
-Status Invalid(const std::string& message) {
-  Status s;
-  s.code = StatusCode::kInvalidArgument;
-  s.message = message;
-  return s;
-}
 
 std::string Str(int64_t x) { return std::to_string(x); }
 

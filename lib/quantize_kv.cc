@@ -10,15 +10,12 @@
 
 #include "lib/dtype.h"
 #include "lib/quant.h"
+#include "lib/status.h"
 #include "lib/validate.h"
 #include "simdattn/serving.h"
 
 namespace simdattn {
 namespace {
-
-Status Invalid(const std::string& message) {
-  return Status{StatusCode::kInvalidArgument, message};
-}
 
 // One view: positive extents, data, unit last stride, offsets in range.
 Status CheckQuantView(const char* name, const TensorView& v, ByteRange* r) {

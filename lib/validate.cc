@@ -9,15 +9,10 @@
 #include <sstream>
 #include <string>
 
+#include "lib/status.h"
+
 namespace simdattn {
 namespace {
-
-Status Invalid(const std::string& message) {
-  Status s;
-  s.code = StatusCode::kInvalidArgument;
-  s.message = message;
-  return s;
-}
 
 const char* const kDimNames[4][4] = {
     {"B", "Hq", "Lq", "Dk"},   // q

@@ -11,22 +11,13 @@
 
 #include "lib/dtype.h"
 #include "lib/parallel.h"
+#include "lib/status.h"
 
 namespace simdattn {
 namespace {
 
-Status Invalid(const std::string& message) {
-  Status s;
-  s.code = StatusCode::kInvalidArgument;
-  s.message = message;
-  return s;
-}
-
 Status OutOfMemory(const std::string& what) {
-  Status s;
-  s.code = StatusCode::kOutOfMemory;
-  s.message = "cannot allocate " + what;
-  return s;
+  return Error(StatusCode::kOutOfMemory, "cannot allocate " + what);
 }
 
 // Rows of C per task: about 64 (a multiple of the row tile); their kc

@@ -14,6 +14,7 @@
 #include "lib/dtype.h"
 #include "lib/gemm/gemm.h"
 #include "lib/parallel.h"
+#include "lib/status.h"
 
 namespace simdattn {
 
@@ -26,13 +27,6 @@ int64_t PackedWeights::Cols(int first, int end) const {
 }
 
 namespace {
-
-Status Invalid(const std::string& message) {
-  Status s;
-  s.code = StatusCode::kInvalidArgument;
-  s.message = message;
-  return s;
-}
 
 // Buffers of 2 MiB or more start on a 2 MiB page and are advised to huge
 // pages: an M = 1 product streams the whole buffer once per call, and the

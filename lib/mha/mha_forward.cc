@@ -13,16 +13,16 @@ namespace {
 
 Status CheckTensor(const char* name, const MhaTensor& t, int64_t dim) {
   const std::string n = name;
-  if (t.data == nullptr) return MhaInvalid(n + ".data is null");
+  if (t.data == nullptr) return Invalid(n + ".data is null");
   if (t.dtype != DType::kF32 && t.dtype != DType::kF16 && t.dtype != DType::kBF16) {
-    return MhaInvalid(n + ".dtype = " + DTypeName(t.dtype));
+    return Invalid(n + ".dtype = " + DTypeName(t.dtype));
   }
   if (t.batch < 1 || t.len < 1) {
-    return MhaInvalid(n + ": batch = " + std::to_string(t.batch) + ", len = " +
+    return Invalid(n + ": batch = " + std::to_string(t.batch) + ", len = " +
                       std::to_string(t.len) + " (want >= 1)");
   }
   if (t.dim != dim) {
-    return MhaInvalid(n + ".dim = " + std::to_string(t.dim) + ", want " + std::to_string(dim));
+    return Invalid(n + ".dim = " + std::to_string(t.dim) + ", want " + std::to_string(dim));
   }
   return Status::Ok();
 }
@@ -52,19 +52,19 @@ Status CheckForward(const MhaConfig& c, const MhaTensor& q, const MhaTensor& k,
   if (s.ok()) s = CheckTensor("out", AsInput(out), c.embed_dim);
   if (!s.ok()) return s;
   if (k.batch != q.batch || v.batch != q.batch || out.batch != q.batch) {
-    return MhaInvalid("batch: query " + std::to_string(q.batch) + ", key " +
+    return Invalid("batch: query " + std::to_string(q.batch) + ", key " +
                       std::to_string(k.batch) + ", value " + std::to_string(v.batch) +
                       ", out " + std::to_string(out.batch) + " differ");
   }
   if (k.len != v.len) {
-    return MhaInvalid("key.len = " + std::to_string(k.len) + " != value.len = " + std::to_string(v.len));
+    return Invalid("key.len = " + std::to_string(k.len) + " != value.len = " + std::to_string(v.len));
   }
   if (out.len != q.len) {
-    return MhaInvalid("out.len = " + std::to_string(out.len) + " != query.len = " + std::to_string(q.len));
+    return Invalid("out.len = " + std::to_string(out.len) + " != query.len = " + std::to_string(q.len));
   }
   if (k.batch_first != q.batch_first || v.batch_first != q.batch_first ||
       out.batch_first != q.batch_first) {
-    return MhaInvalid("batch_first: query, key, value and out must agree");
+    return Invalid("batch_first: query, key, value and out must agree");
   }
   return Status::Ok();
 }
@@ -139,9 +139,9 @@ Status MultiHeadAttention::Forward(const MhaTensor& query, const MhaTensor* key,
                                    const ExecutionOptions& exec, RunInfo* info) {
   Impl& m = *impl_;
   const MhaConfig& c = m.config;
-  if (!m.loaded) return MhaInvalid("layer: weights not loaded (LoadWeights)");
-  if ((key == nullptr) != (value == nullptr)) return MhaInvalid("key, value: give both or neither");
-  if (options.rotary.enabled) return MhaUnimplemented("options.rotary: StepPaged only");
+  if (!m.loaded) return Invalid("layer: weights not loaded (LoadWeights)");
+  if ((key == nullptr) != (value == nullptr)) return Invalid("key, value: give both or neither");
+  if (options.rotary.enabled) return Unimplemented("options.rotary: StepPaged only");
   const MhaTensor& k = key != nullptr ? *key : query;
   const MhaTensor& v = value != nullptr ? *value : query;
   Status s = CheckForward(c, query, k, v, out);

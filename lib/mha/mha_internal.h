@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lib/gemm/gemm.h"
+#include "lib/status.h"
 #include "simdattn/mha.h"
 
 namespace simdattn {
@@ -43,9 +44,6 @@ struct MultiHeadAttention::Impl {
   int64_t rope_dim = 0, rope_positions = 0;
   double rope_theta = 0.0;
 };
-
-Status MhaInvalid(const std::string& message);
-Status MhaUnimplemented(const std::string& message);
 
 // Element offset of row (b, i) of a [B, L, dim] or [L, B, dim] tensor's rows.
 inline int64_t MhaRow(bool batch_first, int64_t batch, int64_t len, int64_t b,

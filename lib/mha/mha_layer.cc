@@ -8,20 +8,6 @@
 
 namespace simdattn {
 
-Status MhaInvalid(const std::string& message) {
-  Status s;
-  s.code = StatusCode::kInvalidArgument;
-  s.message = message;
-  return s;
-}
-
-Status MhaUnimplemented(const std::string& message) {
-  Status s;
-  s.code = StatusCode::kUnimplemented;
-  s.message = message;
-  return s;
-}
-
 TensorView MhaHeadsView(const void* data, DType dtype, int64_t ld, int64_t col,
                         bool batch_first, int64_t batch, int64_t heads,
                         int64_t len, int64_t d) {
@@ -55,7 +41,7 @@ namespace {
 
 Status Positive(const char* field, int64_t value) {
   if (value >= 1) return Status::Ok();
-  return MhaInvalid(std::string("config.") + field + " = " + std::to_string(value) +
+  return Invalid(std::string("config.") + field + " = " + std::to_string(value) +
                     " (want >= 1)");
 }
 
@@ -69,7 +55,7 @@ Status ResolveConfig(MhaConfig* c) {
   if (c->vdim == 0) c->vdim = c->embed_dim;
   if (c->head_dim == 0) {
     if (c->embed_dim % c->num_heads != 0) {
-      return MhaInvalid("config.embed_dim = " + std::to_string(c->embed_dim) +
+      return Invalid("config.embed_dim = " + std::to_string(c->embed_dim) +
                         " is not a multiple of num_heads = " + std::to_string(c->num_heads) +
                         " (set head_dim)");
     }
@@ -81,11 +67,11 @@ Status ResolveConfig(MhaConfig* c) {
   if (s.ok()) s = Positive("vdim", c->vdim);
   if (!s.ok()) return s;
   if (c->num_heads % c->num_kv_heads != 0) {
-    return MhaInvalid("config.num_kv_heads = " + std::to_string(c->num_kv_heads) +
+    return Invalid("config.num_kv_heads = " + std::to_string(c->num_kv_heads) +
                       " does not divide num_heads = " + std::to_string(c->num_heads));
   }
   if (c->dtype != DType::kF32 && c->dtype != DType::kF16 && c->dtype != DType::kBF16) {
-    return MhaInvalid(std::string("config.dtype = ") + DTypeName(c->dtype) +
+    return Invalid(std::string("config.dtype = ") + DTypeName(c->dtype) +
                       " (want f32, f16 or bf16)");
   }
   return Status::Ok();
@@ -97,7 +83,7 @@ MultiHeadAttention::MultiHeadAttention(Impl* impl) : impl_(impl) {}
 MultiHeadAttention::~MultiHeadAttention() { delete impl_; }
 
 Status MultiHeadAttention::Create(const MhaConfig& config, MultiHeadAttention** out) {
-  if (out == nullptr) return MhaInvalid("out is null");
+  if (out == nullptr) return Invalid("out is null");
   MhaConfig c = config;
   Status s = ResolveConfig(&c);
   if (!s.ok()) return s;

@@ -33,20 +33,20 @@ Status Classify(const NamedTensor* tensors, int64_t num, Found* found) {
   for (int64_t i = 0; i < num; ++i) {
     const NamedTensor& t = tensors[i];
     const std::string where = "tensors[" + std::to_string(i) + "]";
-    if (t.name == nullptr) return MhaInvalid(where + ".name is null");
+    if (t.name == nullptr) return Invalid(where + ".name is null");
     const std::string name = t.name;
     const char* key = nullptr;
     for (const char* k : kNames) {
       if (Matches(name, k)) key = k;
     }
-    if (key == nullptr) return MhaInvalid("unexpected tensor '" + name + "'");
-    if (found->count(key)) return MhaInvalid("duplicate tensor '" + name + "' (" + key + ")");
-    if (t.data == nullptr) return MhaInvalid("tensor '" + name + "': data is null");
+    if (key == nullptr) return Invalid("unexpected tensor '" + name + "'");
+    if (found->count(key)) return Invalid("duplicate tensor '" + name + "' (" + key + ")");
+    if (t.data == nullptr) return Invalid("tensor '" + name + "': data is null");
     if (t.dtype != DType::kF32 && t.dtype != DType::kF16 && t.dtype != DType::kBF16) {
-      return MhaInvalid("tensor '" + name + "': dtype " + DTypeName(t.dtype));
+      return Invalid("tensor '" + name + "': dtype " + DTypeName(t.dtype));
     }
     if (t.ndim < 1 || t.ndim > 4) {
-      return MhaInvalid("tensor '" + name + "': ndim = " + std::to_string(t.ndim));
+      return Invalid("tensor '" + name + "': ndim = " + std::to_string(t.ndim));
     }
     (*found)[key] = &t;
   }
@@ -67,17 +67,17 @@ Status Take(const Found& found, const char* key, bool want, int64_t rows, int64_
   *out = it == found.end() ? nullptr : it->second;
   if (!want) {
     return *out == nullptr ? Status::Ok()
-                           : MhaInvalid(std::string("unexpected tensor '") + (*out)->name +
+                           : Invalid(std::string("unexpected tensor '") + (*out)->name +
                                         "' for this config");
   }
-  if (*out == nullptr) return MhaInvalid(std::string("missing tensor ") + key);
+  if (*out == nullptr) return Invalid(std::string("missing tensor ") + key);
   const NamedTensor& t = **out;
   int64_t numel = 1;
   for (int64_t d = 0; d < t.ndim; ++d) numel *= t.shape[d];
   const bool ok = cols == 0 ? numel == rows
                             : t.ndim == 2 && t.shape[0] == rows && t.shape[1] == cols;
   if (ok) return Status::Ok();
-  return MhaInvalid(std::string("tensor '") + t.name + "': shape " + ShapeString(t) +
+  return Invalid(std::string("tensor '") + t.name + "': shape " + ShapeString(t) +
                     ", want " + (cols == 0 ? std::to_string(rows) + " elements"
                                            : "[" + std::to_string(rows) + ", " +
                                                  std::to_string(cols) + "]"));
@@ -95,7 +95,7 @@ Status InputMatrices(const MhaConfig& c, int64_t nq, int64_t nkv, const Found& f
   Status s;
   if (in_proj) {
     if (c.kdim != c.embed_dim || c.vdim != c.embed_dim) {
-      return MhaInvalid("in_proj_weight needs kdim = vdim = embed_dim; give q/k/v_proj_weight");
+      return Invalid("in_proj_weight needs kdim = vdim = embed_dim; give q/k/v_proj_weight");
     }
     s = Take(f, "in_proj_weight", true, nq + 2 * nkv, c.embed_dim, &t[0]);
     for (const char* n : {qn, kn, vn}) {
@@ -173,7 +173,7 @@ Status MultiHeadAttention::LoadWeights(const NamedTensor* tensors, int64_t num,
                                        const ExecutionOptions& exec) {
   Impl& m = *impl_;
   const MhaConfig& c = m.config;
-  if (tensors == nullptr && num > 0) return MhaInvalid("tensors is null");
+  if (tensors == nullptr && num > 0) return Invalid("tensors is null");
   Found found;
   Status s = Classify(tensors, num, &found);
   WeightMatrix in[3], out;

@@ -20,7 +20,7 @@ Status CheckMask(const char* name, const MhaMask& m, int64_t batch, int64_t head
                  int64_t q_len, int64_t kv_len) {
   if (m.data == nullptr) return Status::Ok();
   if (m.dtype != DType::kBool && m.dtype != DType::kF32) {
-    return MhaInvalid(std::string(name) + ".dtype = " + DTypeName(m.dtype) + " (want bool or f32)");
+    return Invalid(std::string(name) + ".dtype = " + DTypeName(m.dtype) + " (want bool or f32)");
   }
   bool ok;
   std::string want;
@@ -36,7 +36,7 @@ Status CheckMask(const char* name, const MhaMask& m, int64_t batch, int64_t head
            std::to_string(kv_len) + "]";
   }
   if (ok) return Status::Ok();
-  return MhaInvalid(std::string(name) + ": shape " + Dims(m) + ", want " + want);
+  return Invalid(std::string(name) + ": shape " + Dims(m) + ", want " + want);
 }
 
 // The additive value of element i of a PyTorch mask.
@@ -61,7 +61,7 @@ Status MhaBuildMask(const MhaForwardOptions& options, int64_t batch, int64_t hea
   *mask = options.attention.mask;
   if (kp.data == nullptr && am.data == nullptr) return Status::Ok();
   if (options.attention.mask.data != nullptr) {
-    return MhaInvalid("options.attention.mask with key_padding_mask or attn_mask: give one kind");
+    return Invalid("options.attention.mask with key_padding_mask or attn_mask: give one kind");
   }
   const bool per_head = am.data != nullptr && am.ndim == 3;
   TensorView& v = *mask;

@@ -15,21 +15,21 @@ namespace {
 Status CheckPagedStep(const MhaConfig& c, const MhaTensor& x, const MhaPagedKvCache* cache,
                       const MutableMhaTensor& out) {
   if (x.data == nullptr || x.batch < 1 || x.len < 1 || x.dim != c.embed_dim) {
-    return MhaInvalid("x: want [batch >= 1, tokens >= 1, " + std::to_string(c.embed_dim) + "]");
+    return Invalid("x: want [batch >= 1, tokens >= 1, " + std::to_string(c.embed_dim) + "]");
   }
   if (!x.batch_first && x.len > 1) {
-    return MhaUnimplemented("x: batch_first = false with " + std::to_string(x.len) +
+    return Unimplemented("x: batch_first = false with " + std::to_string(x.len) +
                             " tokens (StepPaged takes one token per entry in that layout)");
   }
   if (out.data == nullptr || out.batch != x.batch || out.len != x.len ||
       out.dim != c.embed_dim || out.batch_first != x.batch_first) {
-    return MhaInvalid("out: want the shape and layout of x");
+    return Invalid("out: want the shape and layout of x");
   }
-  if (cache == nullptr) return MhaInvalid("cache is null");
-  if (cache->block_table == nullptr) return MhaInvalid("cache->block_table is null");
-  if (cache->seq_lens == nullptr) return MhaInvalid("cache->seq_lens is null");
+  if (cache == nullptr) return Invalid("cache is null");
+  if (cache->block_table == nullptr) return Invalid("cache->block_table is null");
+  if (cache->seq_lens == nullptr) return Invalid("cache->seq_lens is null");
   if (cache->max_blocks_per_seq < 1) {
-    return MhaInvalid("cache->max_blocks_per_seq = " + std::to_string(cache->max_blocks_per_seq) +
+    return Invalid("cache->max_blocks_per_seq = " + std::to_string(cache->max_blocks_per_seq) +
                       " (want >= 1)");
   }
   const int64_t block_size = cache->k.shape[2];
@@ -37,7 +37,7 @@ Status CheckPagedStep(const MhaConfig& c, const MhaTensor& x, const MhaPagedKvCa
   for (int64_t b = 0; b < x.batch; ++b) {
     const int64_t len = cache->seq_lens[b];
     if (len < 0 || len + x.len > capacity) {
-      return MhaInvalid("cache->seq_lens[" + std::to_string(b) + "] = " + std::to_string(len) +
+      return Invalid("cache->seq_lens[" + std::to_string(b) + "] = " + std::to_string(len) +
                         " + " + std::to_string(x.len) + " new tokens: want within [0, " +
                         std::to_string(capacity) + "] (max_blocks_per_seq x block_size)");
     }
@@ -48,14 +48,14 @@ Status CheckPagedStep(const MhaConfig& c, const MhaTensor& x, const MhaPagedKvCa
 Status CheckRotary(const MhaRotary& r, int64_t head_dim) {
   const int64_t rd = r.rotary_dim == 0 ? head_dim : r.rotary_dim;
   if (rd < 2 || rd > head_dim || rd % 2 != 0) {
-    return MhaInvalid("options.rotary.rotary_dim = " + std::to_string(r.rotary_dim) +
+    return Invalid("options.rotary.rotary_dim = " + std::to_string(r.rotary_dim) +
                       ": want even, in [2, head_dim = " + std::to_string(head_dim) + "] or 0");
   }
   if ((r.cos == nullptr) != (r.sin == nullptr)) {
-    return MhaInvalid("options.rotary: give both cos and sin tables or neither");
+    return Invalid("options.rotary: give both cos and sin tables or neither");
   }
   if (r.cos == nullptr && !(r.theta > 0.0 && std::isfinite(r.theta))) {
-    return MhaInvalid("options.rotary.theta = " + std::to_string(r.theta) + " (want > 0)");
+    return Invalid("options.rotary.theta = " + std::to_string(r.theta) + " (want > 0)");
   }
   return Status::Ok();
 }
@@ -116,7 +116,7 @@ Status Placement(MultiHeadAttention::Impl* m, const MhaPagedKvCache& cache, int6
       const int64_t entry = b * stride + pos / bs;
       const int64_t page = cache.block_table[entry];
       if (page < 0 || page >= cache.k.shape[0]) {  // a negative slot would skip the token
-        return MhaInvalid("cache->block_table[" + std::to_string(entry) + "] = " +
+        return Invalid("cache->block_table[" + std::to_string(entry) + "] = " +
                           std::to_string(page) + ": want a page in [0, " +
                           std::to_string(cache.k.shape[0]) + ")");
       }
@@ -148,13 +148,13 @@ Status MultiHeadAttention::StepPaged(const MhaTensor& x, MhaPagedKvCache* cache,
                                      const ExecutionOptions& exec, RunInfo* info) {
   Impl& m = *impl_;
   const MhaConfig& c = m.config;
-  if (!m.loaded) return MhaInvalid("layer: weights not loaded (LoadWeights)");
+  if (!m.loaded) return Invalid("layer: weights not loaded (LoadWeights)");
   if (!m.fused || c.add_bias_kv) {
-    return MhaUnimplemented("StepPaged needs kdim = vdim = embed_dim and no add_bias_kv");
+    return Unimplemented("StepPaged needs kdim = vdim = embed_dim and no add_bias_kv");
   }
   if (options.key_padding_mask.data != nullptr || options.attn_mask.data != nullptr ||
       options.weights != nullptr) {
-    return MhaUnimplemented("StepPaged: key_padding_mask, attn_mask and weights");
+    return Unimplemented("StepPaged: key_padding_mask, attn_mask and weights");
   }
   Status s = CheckPagedStep(c, x, cache, out);
   if (s.ok() && options.rotary.enabled) s = CheckRotary(options.rotary, c.head_dim);

@@ -95,7 +95,7 @@ Status MhaSoftmaxWeights(const TensorView& q, const TensorView& k,
                          const AttentionOptions& options, const float* lse, bool average,
                          float* weights, const ExecutionOptions& exec) {
   if (options.dropout_p > 0.0f) {
-    return MhaUnimplemented("need_weights with dropout_p = " + std::to_string(options.dropout_p));
+    return Unimplemented("need_weights with dropout_p = " + std::to_string(options.dropout_p));
   }
   WeightsJob job{q, k, &options, lse, average, weights, 0.0};
   job.scale = options.scale.has_value() ? double(*options.scale) : 1.0 / std::sqrt(double(q.shape[3]));

@@ -24,18 +24,18 @@ void StoreF(void* data, DType t, int64_t i, float x) {
 }
 
 Status CheckCache(const MhaConfig& c, const MhaKvCache* cache, int64_t batch, int64_t tokens) {
-  if (cache == nullptr) return MhaInvalid("cache is null");
+  if (cache == nullptr) return Invalid("cache is null");
   const MutableTensorView* views[2] = {&cache->k, &cache->v};
   const char* names[2] = {"cache.k", "cache.v"};
   for (int i = 0; i < 2; ++i) {
     const MutableTensorView& t = *views[i];
     const std::string n = names[i];
-    if (t.data == nullptr) return MhaInvalid(n + ".data is null");
+    if (t.data == nullptr) return Invalid(n + ".data is null");
     if (t.dtype != DType::kF32 && t.dtype != DType::kF16 && t.dtype != DType::kBF16) {
-      return MhaInvalid(n + ".dtype = " + DTypeName(t.dtype));
+      return Invalid(n + ".dtype = " + DTypeName(t.dtype));
     }
     if (t.shape[0] != batch || t.shape[1] != c.num_kv_heads || t.shape[3] != c.head_dim) {
-      return MhaInvalid(n + ": shape [" + std::to_string(t.shape[0]) + ", " +
+      return Invalid(n + ": shape [" + std::to_string(t.shape[0]) + ", " +
                         std::to_string(t.shape[1]) + ", " + std::to_string(t.shape[2]) + ", " +
                         std::to_string(t.shape[3]) + "], want [" + std::to_string(batch) +
                         ", " + std::to_string(c.num_kv_heads) + ", capacity, " +
@@ -44,7 +44,7 @@ Status CheckCache(const MhaConfig& c, const MhaKvCache* cache, int64_t batch, in
   }
   if (cache->length < 0 || cache->length + tokens > cache->k.shape[2] ||
       cache->length + tokens > cache->v.shape[2]) {
-    return MhaInvalid("cache->length = " + std::to_string(cache->length) + " + " +
+    return Invalid("cache->length = " + std::to_string(cache->length) + " + " +
                       std::to_string(tokens) + " new tokens exceeds the capacity " +
                       std::to_string(cache->k.shape[2]));
   }
@@ -58,21 +58,21 @@ Status MultiHeadAttention::Step(const MhaTensor& x, MhaKvCache* cache,
                                 const ExecutionOptions& exec, RunInfo* info) {
   Impl& m = *impl_;
   const MhaConfig& c = m.config;
-  if (!m.loaded) return MhaInvalid("layer: weights not loaded (LoadWeights)");
+  if (!m.loaded) return Invalid("layer: weights not loaded (LoadWeights)");
   if (!m.fused || c.add_bias_kv) {
-    return MhaUnimplemented("Step needs kdim = vdim = embed_dim and no add_bias_kv");
+    return Unimplemented("Step needs kdim = vdim = embed_dim and no add_bias_kv");
   }
   if (options.key_padding_mask.data != nullptr || options.attn_mask.data != nullptr ||
       options.weights != nullptr) {
-    return MhaUnimplemented("Step: key_padding_mask, attn_mask and weights (use attention.*)");
+    return Unimplemented("Step: key_padding_mask, attn_mask and weights (use attention.*)");
   }
-  if (options.rotary.enabled) return MhaUnimplemented("options.rotary: StepPaged only");
+  if (options.rotary.enabled) return Unimplemented("options.rotary: StepPaged only");
   if (x.data == nullptr || x.batch < 1 || x.len < 1 || x.dim != c.embed_dim) {
-    return MhaInvalid("x: want [batch >= 1, tokens >= 1, " + std::to_string(c.embed_dim) + "]");
+    return Invalid("x: want [batch >= 1, tokens >= 1, " + std::to_string(c.embed_dim) + "]");
   }
   if (out.data == nullptr || out.batch != x.batch || out.len != x.len ||
       out.dim != c.embed_dim || out.batch_first != x.batch_first) {
-    return MhaInvalid("out: want the shape and layout of x");
+    return Invalid("out: want the shape and layout of x");
   }
   Status s = CheckCache(c, cache, x.batch, x.len);
   if (!s.ok()) return s;
