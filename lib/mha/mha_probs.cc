@@ -20,6 +20,7 @@ double At(const TensorView& t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
     case DType::kBF16: return BF16ToF32(static_cast<const uint16_t*>(t.data)[i]);
     case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(t.data)[i]);
     case DType::kBool: return static_cast<const uint8_t*>(t.data)[i] != 0 ? 1.0 : 0.0;
+    default: break;  // the layer's activations and masks have none of the 8-bit types
   }
   return 0.0;
 }
