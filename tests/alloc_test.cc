@@ -178,17 +178,6 @@ TEST(AllocTest, CallWithWorkspaceAllocatesNothing) {
               static_cast<long long>(calls));
 }
 
-simdattn_tensor ToC(const TensorView& v) {
-  simdattn_tensor t;
-  t.data = const_cast<void*>(v.data);
-  t.dtype = static_cast<int32_t>(v.dtype);
-  for (int i = 0; i < 4; ++i) {
-    t.shape[i] = v.shape[i];
-    t.strides[i] = v.strides[i];
-  }
-  return t;
-}
-
 // The same through the C API, whose shim adds its conversions, checks and
 // the per-thread error message: int32 kv lengths (widened in the
 // workspace), ALiBi slopes and sinks with their lengths.

@@ -11,21 +11,11 @@
 #include "simdattn/serving.h"
 #include "simdattn/simdattn.h"
 #include "tests/append_util.h"
+#include "tests/test_util.h"
 
 namespace simdattn {
 namespace test {
 namespace {
-
-simdattn_tensor ToC(const TensorView& v) {
-  simdattn_tensor t;
-  t.data = const_cast<void*>(v.data);
-  t.dtype = static_cast<int32_t>(v.dtype);
-  for (int i = 0; i < 4; ++i) {
-    t.shape[i] = v.shape[i];
-    t.strides[i] = v.strides[i];
-  }
-  return t;
-}
 
 void ExpectSameView(const simdattn_tensor& c, const TensorView& v) {
   EXPECT_EQ(c.data, v.data);

@@ -17,18 +17,6 @@ namespace simdattn {
 namespace test {
 namespace {
 
-simdattn_tensor ToC(const TensorView& v) {
-  simdattn_tensor t;
-  std::memset(&t, 0, sizeof(t));
-  t.data = const_cast<void*>(v.data);
-  t.dtype = static_cast<int32_t>(v.dtype);
-  for (int i = 0; i < 4; ++i) {
-    t.shape[i] = v.shape[i];
-    t.strides[i] = v.strides[i];
-  }
-  return t;
-}
-
 TEST(CApiQuantTest, SameBitsAsCpp) {
   static_assert(SIMDATTN_INT8 == static_cast<int>(DType::kInt8), "int8");
   static_assert(SIMDATTN_Q8_0 == static_cast<int>(DType::kQ8_0), "q8_0");

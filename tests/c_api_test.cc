@@ -20,17 +20,6 @@ namespace simdattn {
 namespace test {
 namespace {
 
-simdattn_tensor ToC(const TensorView& v) {
-  simdattn_tensor t;
-  t.data = const_cast<void*>(v.data);
-  t.dtype = static_cast<int32_t>(v.dtype);
-  for (int i = 0; i < 4; ++i) {
-    t.shape[i] = v.shape[i];
-    t.strides[i] = v.strides[i];
-  }
-  return t;
-}
-
 // A call through the C API: the case's inputs, options given in C.
 struct CCall {
   simdattn_tensor q, k, v, o, lse;

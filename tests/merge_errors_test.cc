@@ -161,14 +161,6 @@ TEST(MergeErrorsTest, NoLseIsValid) {
 
 // ------------------------------------------------------------------ C API
 
-simdattn_tensor ToC(const TensorView& v) {
-  simdattn_tensor t;
-  t.data = const_cast<void*>(v.data);
-  t.dtype = static_cast<int32_t>(v.dtype);
-  for (int i = 0; i < 4; ++i) t.shape[i] = v.shape[i], t.strides[i] = v.strides[i];
-  return t;
-}
-
 // The C call of a Call, with the same views.
 struct CCall {
   std::vector<simdattn_tensor> outs, lses;

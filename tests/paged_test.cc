@@ -403,17 +403,6 @@ TEST(PagedTest, OutputOverlappingAnInputIsRejected) {
   EXPECT_NE(s.message.find("cache.kv_lens"), std::string::npos) << s.message;
 }
 
-simdattn_tensor ToC(const TensorView& v) {
-  simdattn_tensor t;
-  t.data = const_cast<void*>(v.data);
-  t.dtype = static_cast<int32_t>(v.dtype);
-  for (int i = 0; i < 4; ++i) {
-    t.shape[i] = v.shape[i];
-    t.strides[i] = v.strides[i];
-  }
-  return t;
-}
-
 // The C API gives the C++ call's bits, options included, and names a bad
 // argument through simdattn_last_error() with nothing written.
 TEST(PagedTest, CApiMatchesCpp) {

@@ -266,5 +266,17 @@ PagedKvCache PageTable::Cache(const TensorView& k, const TensorView& v) const {
   return cache;
 }
 
+simdattn_tensor ToC(const TensorView& v) {
+  simdattn_tensor t;
+  std::memset(&t, 0, sizeof(t));
+  t.data = const_cast<void*>(v.data);
+  t.dtype = static_cast<int32_t>(v.dtype);
+  for (int i = 0; i < 4; ++i) {
+    t.shape[i] = v.shape[i];
+    t.strides[i] = v.strides[i];
+  }
+  return t;
+}
+
 }  // namespace test
 }  // namespace simdattn

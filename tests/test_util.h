@@ -14,6 +14,7 @@
 #include "lib/cache_line_allocator.h"
 #include "simdattn/attention.h"
 #include "simdattn/serving.h"
+#include "simdattn/simdattn.h"
 
 namespace simdattn {
 namespace test {
@@ -34,6 +35,9 @@ struct PageTable {
   // The cache of K and V pages [num_blocks, Hkv, block_size, D] over it.
   PagedKvCache Cache(const TensorView& k, const TensorView& v) const;
 };
+
+// The C API's tensor for a C++ view (the same data, shape and strides).
+simdattn_tensor ToC(const TensorView& v);
 
 // True when SIMDATTN_TEST_QUICK is set (under qemu): sweeps use fewer shapes.
 bool QuickMode();
