@@ -328,6 +328,45 @@ TEST(QuantKvTest, NanAndInfPropagate) {
   }
 }
 
+
+// e4m3 decode without options (the fused loop where the target has it):
+// a NaN code (S.1111.111, both signs) in one K or V row of KV head 0, at
+// the first, a middle or the last key. The fused loop converts e4m3 without
+// testing each value, tests each group of keys' bytes instead and, meeting
+// a NaN code, runs its keys again with the test per value: the query heads
+// of KV head 0 read NaN where the code reaches them (every element for K,
+// the code's element for V), and everything else is bit for bit the output
+// without the code.
+TEST(QuantKvTest, Fp8NanCodesInDecode) {
+  QuantCase c;
+  c.k_dtype = c.v_dtype = DType::kFp8E4M3;
+  c.layout = Layout::kBHSD;
+  const QuantInputs base = MakeQuantInputs(c, 7700);
+  const int64_t group = c.q_heads / c.kv_heads;
+  const int64_t code_elem = 5;
+  for (const std::string& target : TestTargets()) {
+    const QuantOutputs clean = RunQuant(c, base, target);
+    for (bool in_k : {true, false}) {
+      for (int64_t bad : {0, 150, 299}) {
+        SCOPED_TRACE(target + (in_k ? " K" : " V") + " key " + std::to_string(bad));
+        QuantInputs in = base;
+        (in_k ? in.k : in.v).Row(0, 0, bad)[code_elem] = bad == 150 ? 0xFF : 0x7F;
+        const QuantOutputs out = RunQuant(c, in, target);
+        int64_t wrong = 0;
+        for (int64_t h = 0; h < c.q_heads; ++h) {
+          for (int64_t e = 0; e < c.dv; ++e) {
+            const float x = out.o.Get(0, h, 0, e);
+            const bool nan = h < group && (in_k || e == code_elem);
+            const bool ok = nan ? std::isnan(x) : x == clean.o.Get(0, h, 0, e);
+            if (!ok && wrong++ < 4) ADD_FAILURE() << "head " << h << " elem " << e << ": " << x;
+          }
+        }
+        EXPECT_EQ(wrong, 0);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace test
 }  // namespace simdattn

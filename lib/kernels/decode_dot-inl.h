@@ -64,9 +64,11 @@ constexpr float kKvLoadUnit =
 // The Lanes(d) e4m3 values at p divided by 256, through f16: the byte
 // sign-extended to 16 bits and shifted left by 7 puts its sign at bit 15
 // and its magnitude at bits 7..13, an f16 of value / 256 (subnormals
-// included); one hardware conversion. NaN (magnitude 0x7F, f16 1.875)
-// mapped to NaN. 5 ops per vector against 11 of LoadFp8AsF32.
-template <class D>
+// included); one hardware conversion. kNanCodes: NaN (magnitude 0x7F, f16
+// 1.875) mapped to NaN (8 ops per vector against 11 of LoadFp8AsF32);
+// without, NaN codes load as +-1.875 (5 ops) and the caller must not have
+// any (the fused loop checks the bytes: NanCodeMax).
+template <bool kNanCodes, class D>
 HWY_INLINE hn::VFromD<D> LoadE4M3ViaF16(D d, const uint8_t* HWY_RESTRICT p) {
   const hn::Rebind<int8_t, D> d8;
   const hn::Rebind<int16_t, D> d16;
@@ -74,6 +76,7 @@ HWY_INLINE hn::VFromD<D> LoadE4M3ViaF16(D d, const uint8_t* HWY_RESTRICT p) {
   const auto s = hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p)));
   const auto h = hn::And(hn::ShiftLeft<7>(s), hn::Set(d16, static_cast<int16_t>(-16512)));
   const auto x = hn::PromoteTo(d, hn::BitCast(dh, h));  // 0xBF80 above
+  if constexpr (!kNanCodes) return x;
   const auto nan = hn::Eq(hn::Abs(x), hn::Set(d, 1.875f));
   return hn::IfThenElse(nan, hn::Set(d, std::numeric_limits<float>::quiet_NaN()), x);
 }
@@ -104,7 +107,9 @@ HWY_INLINE float LoadF16Scalar(const uint8_t* HWY_RESTRICT p) {
 
 constexpr bool kKvF16InRegisters = SIMDATTN_HW_F16 != 0;
 
-template <Storage kKv, class D>
+// kNanCodes false: e4m3 without NaN codes (LoadE4M3ViaF16); no other
+// format reads it.
+template <Storage kKv, bool kNanCodes = true, class D>
 HWY_INLINE hn::VFromD<D> LoadKv(D d, const KvElem<kKv>* HWY_RESTRICT p) {
   if constexpr (kKv == Storage::kF32) {
     return hn::LoadU(d, p);
@@ -121,7 +126,7 @@ HWY_INLINE hn::VFromD<D> LoadKv(D d, const KvElem<kKv>* HWY_RESTRICT p) {
   } else if constexpr (kKv8<kKv>) {
 #if SIMDATTN_HW_F16
     if constexpr (kKv == Storage::kE4M3) {
-      return LoadE4M3ViaF16(d, p);
+      return LoadE4M3ViaF16<kNanCodes>(d, p);
     } else {
       return LoadE5M2ViaF16(d, p);
     }
@@ -137,14 +142,14 @@ HWY_INLINE hn::VFromD<D> LoadKv(D d, const KvElem<kKv>* HWY_RESTRICT p) {
 // Elements [i, i + Lanes(d)) of the row at `row` (i a multiple of
 // Lanes(d)): LoadKv(row + i), except q8_0, whose element i lies in block
 // i / 32 and is multiplied by that block's f16 scale (Lanes(d) divides 32).
-template <Storage kKv, class D>
+template <Storage kKv, bool kNanCodes = true, class D>
 HWY_INLINE hn::VFromD<D> LoadKvAt(D d, const KvElem<kKv>* HWY_RESTRICT row, int64_t i) {
   if constexpr (kKv == Storage::kQ8_0) {
     const uint8_t* block = row + (i / kQ8Block) * kQ8BlockBytes;
     const auto q = LoadI8AsF32(d, reinterpret_cast<const int8_t*>(block + 2 + i % kQ8Block));
     return hn::Mul(q, hn::Set(d, LoadF16Scalar(block)));
   } else {
-    return LoadKv<kKv>(d, row + i);
+    return LoadKv<kKv, kNanCodes>(d, row + i);
   }
 }
 
@@ -237,7 +242,8 @@ HWY_INLINE void DotRow(D d, const float* HWY_RESTRICT qv, V x0, V x1, V x2, V x3
 }
 
 // One step of DotProducts4: the vectors at head-dim offset i.
-template <int kRows, Storage kKv, int kQStep, class D, class V, class Prefetch>
+template <int kRows, Storage kKv, int kQStep, bool kNanCodes = true, class D, class V,
+          class Prefetch>
 HWY_INLINE void DotStep(D d, int64_t i, const float* HWY_RESTRICT q, int64_t q_row,
                         const KvElem<kKv>* k0, const KvElem<kKv>* k1,
                         const KvElem<kKv>* k2, const KvElem<kKv>* k3, int64_t j,
@@ -255,8 +261,8 @@ HWY_INLINE void DotStep(D d, int64_t i, const float* HWY_RESTRICT q, int64_t q_r
     pf.K(j + 2, i * kElem, bytes);
     pf.K(j + 3, i * kElem, bytes);
   }
-  auto x0 = LoadKvAt<kKv>(d, k0, i), x1 = LoadKvAt<kKv>(d, k1, i);
-  auto x2 = LoadKvAt<kKv>(d, k2, i), x3 = LoadKvAt<kKv>(d, k3, i);
+  auto x0 = LoadKvAt<kKv, kNanCodes>(d, k0, i), x1 = LoadKvAt<kKv, kNanCodes>(d, k1, i);
+  auto x2 = LoadKvAt<kKv, kNanCodes>(d, k2, i), x3 = LoadKvAt<kKv, kNanCodes>(d, k3, i);
   InRegister(x0), InRegister(x1), InRegister(x2), InRegister(x3);
   const int64_t iq = i * kQStep;
   if constexpr (kRows > 0) DotRow(d, q + iq, x0, x1, x2, x3, a00, a01, a02, a03);
@@ -270,8 +276,9 @@ HWY_INLINE void DotStep(D d, int64_t i, const float* HWY_RESTRICT q, int64_t q_r
 // (whole vectors), added to aRC (row R, key C). Row R's vector at offset i
 // is at q + R * q_row + i * kQStep. pf.K(j + C, ...) prefetches ahead of the
 // lines read. kUnroll: unrolled by the compiler (the fused loop's steps).
-template <int kRows, Storage kKv, int kQStep, bool kUnroll, class D, class V,
-          class Prefetch>
+// kNanCodes: as LoadKv's.
+template <int kRows, Storage kKv, int kQStep, bool kUnroll, bool kNanCodes = true, class D,
+          class V, class Prefetch>
 HWY_INLINE void DotProducts4(D d, const float* HWY_RESTRICT q, int64_t q_row,
                              int64_t dk_vec, const KvElem<kKv>* k0,
                              const KvElem<kKv>* k1, const KvElem<kKv>* k2,
@@ -284,13 +291,13 @@ HWY_INLINE void DotProducts4(D d, const float* HWY_RESTRICT q, int64_t q_row,
   if constexpr (kUnroll) {
 #pragma GCC unroll 16
     for (int64_t i = 0; i < dk_vec; i += N) {
-      DotStep<kRows, kKv, kQStep>(d, i, q, q_row, k0, k1, k2, k3, j, pf, a00, a01,
+      DotStep<kRows, kKv, kQStep, kNanCodes>(d, i, q, q_row, k0, k1, k2, k3, j, pf, a00, a01,
                                   a02, a03, a10, a11, a12, a13, a20, a21, a22, a23,
                                   a30, a31, a32, a33);
     }
   } else {
     for (int64_t i = 0; i < dk_vec; i += N) {
-      DotStep<kRows, kKv, kQStep>(d, i, q, q_row, k0, k1, k2, k3, j, pf, a00, a01,
+      DotStep<kRows, kKv, kQStep, kNanCodes>(d, i, q, q_row, k0, k1, k2, k3, j, pf, a00, a01,
                                   a02, a03, a10, a11, a12, a13, a20, a21, a22, a23,
                                   a30, a31, a32, a33);
     }
