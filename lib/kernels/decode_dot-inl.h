@@ -92,16 +92,19 @@ HWY_INLINE hn::VFromD<D> LoadE5M2ViaF16(D d, const uint8_t* HWY_RESTRICT p) {
 }
 #endif
 
-// The f16 at p (a q8_0 block's scale) as f32.
-HWY_INLINE float LoadF16Scalar(const uint8_t* HWY_RESTRICT p) {
-#if SIMDATTN_HW_F16
-  const hn::CappedTag<float, 1> d1;
-  const hn::Rebind<hwy::float16_t, decltype(d1)> dh1;
-  return hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh1, reinterpret_cast<const hwy::float16_t*>(p))));
-#else
+// The f16 at p (a q8_0 block's scale) as f32 in every lane of d: the f16
+// broadcast, then converted (with hardware f16: one conversion, no trip
+// through a scalar register).
+template <class D>
+HWY_INLINE hn::VFromD<D> LoadF16Broadcast(D d, const uint8_t* HWY_RESTRICT p) {
   uint16_t bits;
   std::memcpy(&bits, p, 2);
-  return F16ToF32(bits);
+#if SIMDATTN_HW_F16
+  const hn::Rebind<uint16_t, D> d16;
+  const hn::Rebind<hwy::float16_t, D> dh;
+  return hn::PromoteTo(d, hn::BitCast(dh, hn::Set(d16, bits)));
+#else
+  return hn::Set(d, F16ToF32(bits));
 #endif
 }
 
@@ -147,7 +150,7 @@ HWY_INLINE hn::VFromD<D> LoadKvAt(D d, const KvElem<kKv>* HWY_RESTRICT row, int6
   if constexpr (kKv == Storage::kQ8_0) {
     const uint8_t* block = row + (i / kQ8Block) * kQ8BlockBytes;
     const auto q = LoadI8AsF32(d, reinterpret_cast<const int8_t*>(block + 2 + i % kQ8Block));
-    return hn::Mul(q, hn::Set(d, LoadF16Scalar(block)));
+    return hn::Mul(q, LoadF16Broadcast(d, block));
   } else {
     return LoadKv<kKv, kNanCodes>(d, row + i);
   }
