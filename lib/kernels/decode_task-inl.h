@@ -48,12 +48,12 @@ HWY_INLINE void PrefetchPagedAhead(const AttentionArgs& a, const KvRows& src,
 // 8-bit K/V (int8, q8_0, fp8) whose rows follow each other: the fused
 // loop spends 2-5 ops converting each vector, and asking for the rows this
 // many keys ahead keeps more of the stream in flight than the hardware
-// prefetchers alone. Paired against a build without, Lk 65536, two runs of
-// 3 each: int8 13.56-13.85 -> 13.04-13.24 ms on 1 thread, 6.91-7.05 ->
-// 6.55-6.74 ms on 2 (paired/qf32kvi8/B1_Hq32_Hkv8_Lq1_Lk65536_D128/
-// bf16_vs_i8); e4m3 on 2 threads 8.77-8.79 -> 8.20-8.35 ms. bf16 lost
-// (DecodeFused alone: 110 -> 148 ns per group of 4 keys), so 16-bit K/V
-// take none.
+// prefetchers alone. Lk 65536, with it against a build without, two runs
+// of 3 each: int8 13.04-13.24 against 13.56-13.85 ms on 1 thread,
+// 6.55-6.74 against 6.91-7.05 ms on 2 (paired/qf32kvi8/
+// B1_Hq32_Hkv8_Lq1_Lk65536_D128/bf16_vs_i8); e4m3 on 2 threads 8.20-8.35
+// against 8.77-8.79 ms. bf16 is slower with it (DecodeFused alone: 148
+// against 110 ns per group of 4 keys), so 16-bit K/V take none.
 constexpr int64_t kDense8BitAheadKeys = 64;
 
 // Keys ahead that the fused loop prefetches (DecodeFused's `ahead`): none
