@@ -12,6 +12,12 @@
 namespace simdattn {
 namespace bench {
 
+// Sets the OpenMP threads oneDNN runs on. Its primitives plan their split
+// for the count at creation and keep it: call this before creating them as
+// well as before running them (an entry built after a 1-thread one otherwise
+// runs its "2-thread" primitives on 1).
+void SetOneDnnThreads(int threads);
+
 // S = scale * Q·Kᵀ (+ causal mask as a binary_add post-op with a fully
 // materialized [B·Hkv, G·Lq, Lk] mask: broadcast masks take oneDNN 2.6.3's
 // reference path), P = softmax_v2 (accurate) over Lk, O = P·V; batched as
@@ -20,12 +26,6 @@ namespace bench {
 // wants both operands in bf16); S is f32, P is written in the inputs' type by
 // softmax_v2, O is f32. Primitives and the S/P buffers are created once in
 // the constructor.
-// Sets the OpenMP threads oneDNN runs on. Its primitives plan their split
-// for the count at creation and keep it: call this before creating them as
-// well as before running them (an entry built after a 1-thread one otherwise
-// runs its "2-thread" primitives on 1).
-void SetOneDnnThreads(int threads);
-
 class OneDnnAttention {
  public:
   OneDnnAttention(int64_t batch, int64_t q_heads, int64_t kv_heads,

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "bench/onednn_matmul.h"
 #include "bench/onednn_attention.h"
+#include "bench/onednn_matmul.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace simdattn {
