@@ -19,7 +19,7 @@ Status CheckTensor(const char* name, const MhaTensor& t, int64_t dim) {
   }
   if (t.batch < 1 || t.len < 1) {
     return Invalid(n + ": batch = " + std::to_string(t.batch) + ", len = " +
-                      std::to_string(t.len) + " (want >= 1)");
+                   std::to_string(t.len) + " (want >= 1)");
   }
   if (t.dim != dim) {
     return Invalid(n + ".dim = " + std::to_string(t.dim) + ", want " + std::to_string(dim));
@@ -53,8 +53,8 @@ Status CheckForward(const MhaConfig& c, const MhaTensor& q, const MhaTensor& k,
   if (!s.ok()) return s;
   if (k.batch != q.batch || v.batch != q.batch || out.batch != q.batch) {
     return Invalid("batch: query " + std::to_string(q.batch) + ", key " +
-                      std::to_string(k.batch) + ", value " + std::to_string(v.batch) +
-                      ", out " + std::to_string(out.batch) + " differ");
+                   std::to_string(k.batch) + ", value " + std::to_string(v.batch) +
+                   ", out " + std::to_string(out.batch) + " differ");
   }
   if (k.len != v.len) {
     return Invalid("key.len = " + std::to_string(k.len) + " != value.len = " + std::to_string(v.len));

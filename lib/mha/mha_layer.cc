@@ -42,7 +42,7 @@ namespace {
 Status Positive(const char* field, int64_t value) {
   if (value >= 1) return Status::Ok();
   return Invalid(std::string("config.") + field + " = " + std::to_string(value) +
-                    " (want >= 1)");
+                 " (want >= 1)");
 }
 
 // Fills the defaults of c and checks every field.
@@ -56,8 +56,8 @@ Status ResolveConfig(MhaConfig* c) {
   if (c->head_dim == 0) {
     if (c->embed_dim % c->num_heads != 0) {
       return Invalid("config.embed_dim = " + std::to_string(c->embed_dim) +
-                        " is not a multiple of num_heads = " + std::to_string(c->num_heads) +
-                        " (set head_dim)");
+                     " is not a multiple of num_heads = " + std::to_string(c->num_heads) +
+                     " (set head_dim)");
     }
     c->head_dim = c->embed_dim / c->num_heads;
   }
@@ -68,11 +68,11 @@ Status ResolveConfig(MhaConfig* c) {
   if (!s.ok()) return s;
   if (c->num_heads % c->num_kv_heads != 0) {
     return Invalid("config.num_kv_heads = " + std::to_string(c->num_kv_heads) +
-                      " does not divide num_heads = " + std::to_string(c->num_heads));
+                   " does not divide num_heads = " + std::to_string(c->num_heads));
   }
   if (c->dtype != DType::kF32 && c->dtype != DType::kF16 && c->dtype != DType::kBF16) {
     return Invalid(std::string("config.dtype = ") + DTypeName(c->dtype) +
-                      " (want f32, f16 or bf16)");
+                   " (want f32, f16 or bf16)");
   }
   return Status::Ok();
 }

@@ -68,7 +68,7 @@ Status Take(const Found& found, const char* key, bool want, int64_t rows, int64_
   if (!want) {
     return *out == nullptr ? Status::Ok()
                            : Invalid(std::string("unexpected tensor '") + (*out)->name +
-                                        "' for this config");
+                                     "' for this config");
   }
   if (*out == nullptr) return Invalid(std::string("missing tensor ") + key);
   const NamedTensor& t = **out;
@@ -78,9 +78,9 @@ Status Take(const Found& found, const char* key, bool want, int64_t rows, int64_
                             : t.ndim == 2 && t.shape[0] == rows && t.shape[1] == cols;
   if (ok) return Status::Ok();
   return Invalid(std::string("tensor '") + t.name + "': shape " + ShapeString(t) +
-                    ", want " + (cols == 0 ? std::to_string(rows) + " elements"
-                                           : "[" + std::to_string(rows) + ", " +
-                                                 std::to_string(cols) + "]"));
+                 ", want " + (cols == 0 ? std::to_string(rows) + " elements"
+                                        : "[" + std::to_string(rows) + ", " +
+                                              std::to_string(cols) + "]"));
 }
 
 // The Q, K and V matrices (and biases) as one of the three namings gives them.

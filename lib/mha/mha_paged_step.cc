@@ -19,7 +19,7 @@ Status CheckPagedStep(const MhaConfig& c, const MhaTensor& x, const MhaPagedKvCa
   }
   if (!x.batch_first && x.len > 1) {
     return Unimplemented("x: batch_first = false with " + std::to_string(x.len) +
-                            " tokens (StepPaged takes one token per entry in that layout)");
+                         " tokens (StepPaged takes one token per entry in that layout)");
   }
   if (out.data == nullptr || out.batch != x.batch || out.len != x.len ||
       out.dim != c.embed_dim || out.batch_first != x.batch_first) {
@@ -30,7 +30,7 @@ Status CheckPagedStep(const MhaConfig& c, const MhaTensor& x, const MhaPagedKvCa
   if (cache->seq_lens == nullptr) return Invalid("cache->seq_lens is null");
   if (cache->max_blocks_per_seq < 1) {
     return Invalid("cache->max_blocks_per_seq = " + std::to_string(cache->max_blocks_per_seq) +
-                      " (want >= 1)");
+                   " (want >= 1)");
   }
   const int64_t block_size = cache->k.shape[2];
   const int64_t capacity = cache->max_blocks_per_seq * block_size;
@@ -38,8 +38,8 @@ Status CheckPagedStep(const MhaConfig& c, const MhaTensor& x, const MhaPagedKvCa
     const int64_t len = cache->seq_lens[b];
     if (len < 0 || len + x.len > capacity) {
       return Invalid("cache->seq_lens[" + std::to_string(b) + "] = " + std::to_string(len) +
-                        " + " + std::to_string(x.len) + " new tokens: want within [0, " +
-                        std::to_string(capacity) + "] (max_blocks_per_seq x block_size)");
+                     " + " + std::to_string(x.len) + " new tokens: want within [0, " +
+                     std::to_string(capacity) + "] (max_blocks_per_seq x block_size)");
     }
   }
   return Status::Ok();
@@ -49,7 +49,7 @@ Status CheckRotary(const MhaRotary& r, int64_t head_dim) {
   const int64_t rd = r.rotary_dim == 0 ? head_dim : r.rotary_dim;
   if (rd < 2 || rd > head_dim || rd % 2 != 0) {
     return Invalid("options.rotary.rotary_dim = " + std::to_string(r.rotary_dim) +
-                      ": want even, in [2, head_dim = " + std::to_string(head_dim) + "] or 0");
+                   ": want even, in [2, head_dim = " + std::to_string(head_dim) + "] or 0");
   }
   if ((r.cos == nullptr) != (r.sin == nullptr)) {
     return Invalid("options.rotary: give both cos and sin tables or neither");
@@ -117,8 +117,8 @@ Status Placement(MultiHeadAttention::Impl* m, const MhaPagedKvCache& cache, int6
       const int64_t page = cache.block_table[entry];
       if (page < 0 || page >= cache.k.shape[0]) {  // a negative slot would skip the token
         return Invalid("cache->block_table[" + std::to_string(entry) + "] = " +
-                          std::to_string(page) + ": want a page in [0, " +
-                          std::to_string(cache.k.shape[0]) + ")");
+                       std::to_string(page) + ": want a page in [0, " +
+                       std::to_string(cache.k.shape[0]) + ")");
       }
       m->positions[size_t(b * T + t)] = int32_t(pos);
       m->slots[size_t(b * T + t)] = int32_t(page * bs + pos % bs);

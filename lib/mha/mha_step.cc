@@ -36,17 +36,17 @@ Status CheckCache(const MhaConfig& c, const MhaKvCache* cache, int64_t batch, in
     }
     if (t.shape[0] != batch || t.shape[1] != c.num_kv_heads || t.shape[3] != c.head_dim) {
       return Invalid(n + ": shape [" + std::to_string(t.shape[0]) + ", " +
-                        std::to_string(t.shape[1]) + ", " + std::to_string(t.shape[2]) + ", " +
-                        std::to_string(t.shape[3]) + "], want [" + std::to_string(batch) +
-                        ", " + std::to_string(c.num_kv_heads) + ", capacity, " +
-                        std::to_string(c.head_dim) + "]");
+                     std::to_string(t.shape[1]) + ", " + std::to_string(t.shape[2]) + ", " +
+                     std::to_string(t.shape[3]) + "], want [" + std::to_string(batch) +
+                     ", " + std::to_string(c.num_kv_heads) + ", capacity, " +
+                     std::to_string(c.head_dim) + "]");
     }
   }
   if (cache->length < 0 || cache->length + tokens > cache->k.shape[2] ||
       cache->length + tokens > cache->v.shape[2]) {
     return Invalid("cache->length = " + std::to_string(cache->length) + " + " +
-                      std::to_string(tokens) + " new tokens exceeds the capacity " +
-                      std::to_string(cache->k.shape[2]));
+                   std::to_string(tokens) + " new tokens exceeds the capacity " +
+                   std::to_string(cache->k.shape[2]));
   }
   return Status::Ok();
 }
