@@ -6,7 +6,9 @@
 // paired/qf32kv<fmt>/<shape>/bf16_vs_<fmt>/threads:<n> alternates the bf16
 // decode (A) with the quantized one (B) on the same shape; its ratio is
 // time(fmt) / time(bf16), which drift on a shared machine moves less than
-// two separate entries.
+// two separate entries. paired/qf32kvi8/<shape>/bf16_vs_i8_floor/threads:<n>
+// pairs the bf16 decode with Int8DecodeFloor on the int8 cache: the least
+// time the int8 decode can take on this machine (docs/BENCHMARKING.md).
 
 #include <unistd.h>
 
@@ -20,6 +22,8 @@
 
 #include "bench/decode.h"
 #include "bench/entries.h"
+#include "bench/roofline.h"
+#include "hwy/aligned_allocator.h"
 #include "lib/quant.h"
 
 namespace simdattn {
@@ -180,6 +184,72 @@ void BenchPairedQuantDecode(benchmark::State& state, const Shape& s, QuantFmt f,
   state.SetLabel(std::string(info.target) + " " + info.path);
 }
 
+// Int8DecodeFloor over copy *i of an int8 problem (then *i moves on): a task
+// of the pool per chunk of kFloorChunkKeys keys of a KV head (B * Hkv), each
+// with its 4 query rows. Tasks of whole heads scale worse on 2 threads
+// (the threads' streams then lie whole heads apart); the decode splits keys
+// into chunks as well.
+constexpr int64_t kFloorChunkKeys = 4096;
+void Int8FloorCall(QuantCopies& c, const Shape& s, ThreadPool& pool, size_t* i) {
+  struct Job {
+    const float* q;
+    const int8_t* k;
+    const int8_t* v;
+    int64_t keys, dim, chunks, o_stride;
+    hwy::AlignedFreeUniquePtr<float[]> o;
+    std::vector<float> sinks;
+  } job{c.q[*i].data(),
+        reinterpret_cast<const int8_t*>(c.k[*i]->bytes.data()),
+        reinterpret_cast<const int8_t*>(c.v[*i]->bytes.data()),
+        s.kv_len,
+        s.head_dim,
+        (s.kv_len + kFloorChunkKeys - 1) / kFloorChunkKeys,
+        // Each task's output rows on whole cache lines of their own, or
+        // threads writing neighbouring tasks' rows share a line.
+        (4 * s.head_dim + 15) / 16 * 16,
+        nullptr,
+        {}};
+  const int64_t tasks = s.batch * s.kv_heads * job.chunks;
+  job.o = hwy::AllocateAligned<float>(size_t(tasks * job.o_stride));
+  job.sinks.resize(size_t(tasks));
+  pool.ParallelFor(
+      tasks,
+      [](void* arg, int64_t t) {
+        Job* j = static_cast<Job*>(arg);
+        const int64_t h = t / j->chunks, first = t % j->chunks * kFloorChunkKeys;
+        const int64_t kv = (h * j->keys + first) * j->dim;
+        const int64_t n = std::min(kFloorChunkKeys, j->keys - first);
+        j->sinks[size_t(t)] = Int8DecodeFloor(j->q + h * 4 * j->dim, j->k + kv, j->v + kv, n,
+                                              j->dim, j->o.get() + t * j->o_stride);
+      },
+      &job);
+  benchmark::DoNotOptimize(job.sinks.data());
+  benchmark::DoNotOptimize(job.o.get());
+  *i = (*i + 1) % c.copies;
+}
+
+// A: the bf16 decode of shape s, B: Int8DecodeFloor on its int8 cache.
+void BenchPairedInt8Floor(benchmark::State& state, const Shape& s, int threads) {
+  if (s.q_heads != 4 * s.kv_heads || s.head_dim % 16 != 0 || s.kv_len % 4 != 0) {
+    state.SkipWithError(
+        "the floor loop takes 4 query rows per KV head, D and Lk multiples of 16 and 4");
+    return;
+  }
+  const std::shared_ptr<DecodeCopies> bf16 = CachedDecodeCopies(s, KvStore::kBF16);
+  const std::shared_ptr<QuantCopies> c = CachedQuantCopies(s, QuantFmt::kI8);
+  ThreadPool pool(threads);
+  ExecutionOptions exec;
+  exec.pool = &pool;
+  size_t ia = 0, ib = 0;
+  TimePairs(
+      state, [&] { return DecodeCall(state, *bf16, s, KvStore::kBF16, {}, exec, &ia); },
+      [&] {
+        Int8FloorCall(*c, s, pool, &ib);
+        return true;
+      });
+  state.SetLabel(RooflineTarget());
+}
+
 // Prefill with int8 K/V (f32 Q and O), the f32 problem's K and V quantized.
 void BenchQuantPrefill(benchmark::State& state, const Shape& s, int threads) {
   Problem& p = CachedProblem(s);
@@ -216,6 +286,9 @@ void RegisterQuantEntries(const BenchConfig& config) {
                    BenchPairedQuantDecode(st, s, f, threads);
                  });
       }
+      const Shape s = ds.shape;
+      Register("paired/qf32kvi8/" + s.Name() + "/bf16_vs_i8_floor" + ThreadsField(threads),
+               [s, threads](benchmark::State& st) { BenchPairedInt8Floor(st, s, threads); });
     }
   }
   if (config.headline) return;

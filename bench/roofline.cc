@@ -66,6 +66,65 @@ float StreamReadImpl(const float* HWY_RESTRICT data, size_t n) {
   return hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3)))) + tail;
 }
 
+// One query row's step of the dot products: its vector qv times the K
+// vectors x0..x3 of 4 keys, into its 4 accumulators.
+template <class V>
+HWY_INLINE void FloorDots(V qv, V x0, V x1, V x2, V x3, V* acc) {
+  acc[0] = hn::MulAdd(qv, x0, acc[0]), acc[1] = hn::MulAdd(qv, x1, acc[1]);
+  acc[2] = hn::MulAdd(qv, x2, acc[2]), acc[3] = hn::MulAdd(qv, x3, acc[3]);
+}
+
+float Int8DecodeFloorImpl(const float* HWY_RESTRICT q, const int8_t* HWY_RESTRICT k,
+                          const int8_t* HWY_RESTRICT v, int64_t keys, int64_t dim,
+                          float* HWY_RESTRICT o) {
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<int32_t, decltype(d)> di;
+  const hn::Rebind<int8_t, decltype(d)> d8;
+  using V = hn::VFromD<decltype(d)>;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  constexpr int64_t kAhead = 64;  // keys, into L2 as kDense8BitAheadKeys
+  const auto widen = [&](const int8_t* p) {
+    return hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, p)));
+  };
+  V acc[16];
+  for (V& a : acc) a = hn::Zero(d);
+  // Weights that do not depend on the scores: the P·V products need not
+  // wait for the dot products.
+  const V w0 = hn::Set(d, 0.25f), w1 = hn::Set(d, 0.5f), w2 = hn::Set(d, 0.75f),
+          w3 = hn::Set(d, 1.0f);
+  for (int64_t j = 0; j + 4 <= keys; j += 4) {
+    const int8_t* kj = k + j * dim;
+    const int8_t* vj = v + j * dim;
+    if (j + kAhead + 4 <= keys) {
+      for (int64_t b = 0; b < 4 * dim; b += 64) {
+        __builtin_prefetch(kj + kAhead * dim + b, 0, 2);
+        __builtin_prefetch(vj + kAhead * dim + b, 0, 2);
+      }
+    }
+    for (int64_t e = 0; e < dim; e += N) {
+      const V x0 = widen(kj + e), x1 = widen(kj + dim + e);
+      const V x2 = widen(kj + 2 * dim + e), x3 = widen(kj + 3 * dim + e);
+      for (int64_t r = 0; r < 4; ++r) {
+        FloorDots(hn::LoadU(d, q + r * dim + e), x0, x1, x2, x3, acc + 4 * r);
+      }
+    }
+    for (int64_t e = 0; e < dim; e += N) {
+      const V x0 = widen(vj + e), x1 = widen(vj + dim + e);
+      const V x2 = widen(vj + 2 * dim + e), x3 = widen(vj + 3 * dim + e);
+      for (int64_t r = 0; r < 4; ++r) {
+        float* orow = o + r * dim + e;
+        V a = hn::LoadU(d, orow);
+        a = hn::MulAdd(w0, x0, a), a = hn::MulAdd(w1, x1, a);
+        a = hn::MulAdd(w2, x2, a), a = hn::MulAdd(w3, x3, a);
+        hn::StoreU(a, d, orow);
+      }
+    }
+  }
+  V s = acc[0];
+  for (int i = 1; i < 16; ++i) s = hn::Add(s, acc[i]);
+  return hn::GetLane(hn::SumOfLanes(d, s));
+}
+
 const char* TargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
@@ -103,12 +162,17 @@ double DotBf16PeakLoop(int64_t, float*) { return 0.0; }
 HWY_EXPORT(FmaPeakLoopImpl);
 HWY_EXPORT(StreamReadImpl);
 HWY_EXPORT(TargetNameImpl);
+HWY_EXPORT(Int8DecodeFloorImpl);
 
 double FmaPeakLoop(int64_t iterations, float* sink) {
   return HWY_DYNAMIC_DISPATCH(FmaPeakLoopImpl)(iterations, sink);
 }
 float StreamRead(const float* data, size_t n) {
   return HWY_DYNAMIC_DISPATCH(StreamReadImpl)(data, n);
+}
+float Int8DecodeFloor(const float* q, const int8_t* k, const int8_t* v, int64_t keys,
+                      int64_t dim, float* o) {
+  return HWY_DYNAMIC_DISPATCH(Int8DecodeFloorImpl)(q, k, v, keys, dim, o);
 }
 const char* RooflineTarget() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }
 
