@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -259,6 +260,120 @@ TEST(AmxTest, AllowBf16ComputeWithKAndVOfDifferentTypes) {
                           &info).ok());
     RecordTargetRun(info.target);
     EXPECT_LE(MaxError(o, o_ref, std::max(1.0, MaxAbs(v))), OutputBound(DType::kBF16));
+  }
+}
+
+// Decode tasks of 5 to 16 rows with bf16 K/V in place (or f32 Q with
+// allow_bf16_compute) run their keys on the tiles 32 at a time and leave
+// the last ones to the decode path: against the reference on every target
+// (GQA groups of 5 and 8, speculative decoding with causal cuts in the last
+// chunk only, strided rows, several key chunks, Dv != Dk). Where they run on
+// the tiles, AVX3_AMX rounds P to bf16 and so differs from AVX3_BF16, whose
+// decode path keeps it f32; where they do not (4 rows, head dims that are
+// not whole tiles, options) the two give the same bits.
+TEST(AmxTest, DecodeOnTheTiles) {
+  struct Shape {
+    int64_t q_heads, kv_heads, q_len, dk, dv;
+    bool causal, tiles;
+    DType q;
+  };
+  const std::vector<Shape> shapes = {
+      {16, 2, 1, 128, 128, false, true, DType::kBF16},  // GQA 8
+      {10, 2, 1, 64, 96, false, true, DType::kBF16},    // 5 rows
+      {8, 2, 2, 64, 64, true, true, DType::kBF16},      // Lq 2, GQA 4: 8 rows
+      {8, 2, 4, 128, 64, true, true, DType::kF32},      // 16 rows, rounded
+      {8, 2, 1, 64, 64, false, false, DType::kBF16},    // 4 rows: fused
+      {16, 2, 1, 72, 72, false, false, DType::kBF16},   // Dk 72
+      {16, 2, 1, 64, 64, true, false, DType::kF32},     // f32 Q, not allowed
+  };
+  uint32_t seed = 980;
+  for (const Shape& shape : shapes) {
+    Case c;
+    c.batch = 2;
+    c.q_heads = shape.q_heads;
+    c.kv_heads = shape.kv_heads;
+    c.q_len = shape.q_len;
+    c.kv_len = QuickMode() ? 700 : 1300;
+    c.dk = shape.dk;
+    c.dv = shape.dv;
+    c.q_dtype = shape.q;
+    c.kv_dtype = DType::kBF16;
+    c.layout = seed % 2 ? Layout::kBSHD : Layout::kBHSD;
+    c.options.causal = shape.causal;
+    c.options.alignment = Alignment::kBottomRight;
+    c.bound = OutputBound(DType::kBF16);
+    SCOPED_TRACE(Describe(c));
+    const Inputs in = MakeInputs(c, seed++);
+    const bool rounded = shape.q == DType::kF32 && shape.tiles;
+    ExecutionOptions exec;
+    exec.allow_bf16_compute = rounded;
+    std::vector<double> o_ref, lse_ref;
+    ASSERT_TRUE(ReferenceAttention(in.q.View(), in.k.View(), in.v.View(), c.options, &o_ref,
+                                   &lse_ref)
+                    .ok());
+    const double max_v = std::max(1.0, MaxAbs(in.v));
+    decltype(Tensor::bytes) amx, bf16;
+    for (const std::string& target : TestTargets()) {
+      SCOPED_TRACE(target);
+      const Outputs out = RunFast(c, in, target, exec);
+      ASSERT_TRUE(out.status.ok()) << out.status.message;
+      EXPECT_LE(MaxError(out.o, o_ref, max_v), OutputBound(DType::kBF16));
+      for (size_t r = 0; r < lse_ref.size(); ++r) {
+        ASSERT_NEAR(out.lse[r], lse_ref[r], kLseBound16) << "row " << r;
+      }
+      if (target == "AVX3_AMX") amx = out.o.bytes;
+      if (target == "AVX3_BF16") bf16 = out.o.bytes;
+    }
+    if (amx.empty() || bf16.empty()) continue;
+    if (shape.tiles) {
+      EXPECT_NE(amx, bf16) << "the keys did not run on the tiles";
+    } else {
+      EXPECT_EQ(amx, bf16);
+    }
+  }
+}
+
+// A NaN or infinite key on the tiles' decode: the 32 keys holding it, and
+// every key after them, go to the decode path, which gives what the
+// reference gives (NaN rows where it has them, the rest within the bound).
+TEST(AmxTest, DecodeOnTheTilesWithNonFiniteKeys) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int which = 0; which < 3; ++which) {
+    Case c;
+    c.q_dtype = c.kv_dtype = DType::kBF16;
+    c.q_heads = 16;
+    c.kv_heads = 2;
+    c.kv_len = 1001;
+    c.dk = c.dv = 64;
+    Inputs in = MakeInputs(c, 990 + which);
+    const float x = which == 0 ? std::numeric_limits<float>::quiet_NaN()
+                               : (which == 1 ? inf : -inf);
+    in.k.Set(0, 0, 100, 3, x);
+    std::vector<double> o_ref, lse_ref;
+    ASSERT_TRUE(ReferenceAttention(in.q.View(), in.k.View(), in.v.View(), c.options, &o_ref,
+                                   &lse_ref)
+                    .ok());
+    const double bound = OutputBound(DType::kBF16) * std::max(1.0, MaxAbs(in.v));
+    int nan_rows = 0;
+    for (int64_t h = 0; h < 8; ++h) nan_rows += std::isnan(o_ref[h * c.dv]) ? 1 : 0;
+    if (which == 0) EXPECT_EQ(nan_rows, 8);
+    if (which == 1) EXPECT_GT(nan_rows, 0);
+    for (const std::string& target : TestTargets()) {
+      SCOPED_TRACE(testing::Message() << target << " " << x);
+      const Outputs out = RunFast(c, in, target);
+      ASSERT_TRUE(out.status.ok()) << out.status.message;
+      size_t i = 0;
+      for (int64_t h = 0; h < c.q_heads; ++h) {
+        for (int64_t d = 0; d < c.dv; ++d, ++i) {
+          const float got = out.o.Get(0, h, 0, d);
+          if (std::isnan(o_ref[i])) {
+            EXPECT_TRUE(std::isnan(got)) << h << " " << d;
+          } else {
+            EXPECT_LE(std::fabs(got - o_ref[i]), bound) << h << " " << d;
+          }
+        }
+      }
+    }
   }
 }
 

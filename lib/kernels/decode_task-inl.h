@@ -302,16 +302,28 @@ HWY_INLINE void DecodeTiles(const AttentionArgs& a, const Plan& plan,
   }
 }
 
+// DecodeTask's `leading` without a matrix unit: no keys ahead of the tiles
+// (the AVX3_AMX entry's is AmxDecodeKeys, decode_amx-inl.h).
+struct NoLeadingKeys {
+  int64_t operator()(const AttentionArgs&, const KvRows&, const RowTable&, int64_t,
+                     const DecodeRows&, int64_t kv_start, int64_t) const {
+    return kv_start;
+  }
+};
+
 // The decode path's task (KernelPath::kDecode, kDecodeFused): the block's
 // (head, query) rows, G x Lq of them (Lq = 1: the G heads, all seeing the
 // same key range; Lq > 1: speculative decoding, whose rows t.cuts limits
 // each to its own range), with the head dims along the lanes. In scratch:
 // Q rows in lay.qt ([rows][Dk], scaled), outputs in lay.acc ([rows][Dv]),
-// scores in lay.st. Writes partials (split calls) or O/LSE.
+// scores in lay.st. Writes partials (split calls) or O/LSE. Without options,
+// `leading` runs the keys it can of those every row sees first and returns
+// the first one left for the tiles.
+template <class Leading = NoLeadingKeys>
 inline void DecodeTask(const AttentionArgs& a, const Plan& plan,
                        const Wave& wave, int64_t task, const BlockTask& t,
                        const RowTable& rt, float* HWY_RESTRICT scratch,
-                       const ScratchLayout& lay) {
+                       const ScratchLayout& lay, const Leading& leading = Leading()) {
   const hn::ScalableTag<float> d;
   const int64_t dk = a.head_dim_qk;
   const int64_t dv = a.head_dim_v;
@@ -341,7 +353,17 @@ inline void DecodeTask(const AttentionArgs& a, const Plan& plan,
                 &mods, cuts);
   } else {
     NoDecodeMods none;
-    DecodeTiles(a, plan, src, dr, t.kv_start, t.kv_end, nullptr, &none, cuts);
+    // `leading` takes keys that every row sees: with cuts, those up to the
+    // first that a causal or right window hides (if none is hidden before).
+    int64_t first = t.kv_start;
+    if (cuts == nullptr) {
+      first = leading(a, src, rt, t.b, dr, t.kv_start, t.kv_end);
+    } else if (!t.cuts.has_lo || t.cuts.lo_last <= t.kv_start) {
+      const int64_t end =
+          t.cuts.has_hi ? std::min(t.kv_end, t.cuts.hi_first + 1) : t.kv_end;
+      if (end > t.kv_start) first = leading(a, src, rt, t.b, dr, t.kv_start, end);
+    }
+    DecodeTiles(a, plan, src, dr, first, t.kv_end, nullptr, &none, cuts);
   }
   if (plan.num_chunks > 1) {
     StorePartial(a, plan, wave, task, rows, m, l, orow, rows * dv);

@@ -16,6 +16,7 @@
 #include "lib/kernels/amx-inl.h"
 #include "lib/kernels/bf16_dot-inl.h"
 #include "lib/kernels/block-inl.h"
+#include "lib/kernels/decode_amx-inl.h"
 #include "lib/kernels/decode_task-inl.h"
 #include "lib/kernels/online_softmax-inl.h"
 #include "lib/kernels/output-inl.h"
@@ -292,6 +293,14 @@ inline void AttentionTaskImpl(const AttentionArgs& a, const Plan& plan,
   RowTable rt(scratch + lay.rows, mq);
   const BlockTask t = MakeBlockTask(a, plan, task, mq, &rt);
   if (plan.path != KernelPath::kTiled) {
+#if SIMDATTN_AMX
+    if constexpr (kPath == Bf16Path::kAmx || kPath == Bf16Path::kAmxEmulated) {
+      using Tiles = std::conditional_t<kPath == Bf16Path::kAmx, amx::HardwareTiles,
+                                       amx::EmulatedTiles>;
+      DecodeTask(a, plan, wave, task, t, rt, scratch, lay, AmxDecodeKeys<Tiles>());
+      return;
+    }
+#endif
     DecodeTask(a, plan, wave, task, t, rt, scratch, lay);
     return;
   }

@@ -1,0 +1,236 @@
+// Decode on the AMX tiles (the AVX3_AMX entry): a decode task of more rows
+// than the fused loop takes (5 to 16: GQA groups of 8, speculative decoding
+// with a group of 4) runs its keys 32 at a time with both products on the
+// tiles, K and V read where they are stored. Per-target code: only the AVX3
+// pass builds it (include from a foreach_target TU, after amx-inl.h).
+
+#if defined(SIMDATTN_LIB_KERNELS_DECODE_AMX_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef SIMDATTN_LIB_KERNELS_DECODE_AMX_INL_H_
+#undef SIMDATTN_LIB_KERNELS_DECODE_AMX_INL_H_
+#else
+#define SIMDATTN_LIB_KERNELS_DECODE_AMX_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "hwy/highway.h"
+#include "lib/kernels/amx-inl.h"
+#include "lib/kernels/bf16_dot-inl.h"
+#include "lib/kernels/decode_task-inl.h"
+#include "lib/kernels/exp-inl.h"
+#include "lib/kernels/tile_gemm-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace simdattn {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#if SIMDATTN_AMX
+
+// Rows of a task that go to the tiles: more than the fused loop's 4 (where
+// it applies it reads memory as fast as the tiles would), at most one
+// tile's 16.
+constexpr int64_t kAmxDecodeMinRows = 5;
+constexpr int64_t kAmxDecodeMaxRows = 16;
+// Keys per step: one tile row of bf16 pairs for P·V.
+constexpr int64_t kAmxDecodeKeys = 32;
+
+// Whether a decode task of `rows` rows without options runs on the tiles:
+// bf16 K and V in place (not paged: a step's 32 rows must be one stride
+// apart), bf16 Q (or Q of another type that the caller lets round,
+// ExecutionOptions::allow_bf16_compute), head dims of whole tiles.
+HWY_INLINE bool AmxDecodes(const AttentionArgs& a, const KvRows& src, int64_t rows) {
+  const bool q = a.q_type == Storage::kBF16 || (a.bf16_compute && IsWideStorage(a.q_type));
+  return q && a.k_type == Storage::kBF16 && a.v_type == Storage::kBF16 &&
+         src.table == nullptr && rows >= kAmxDecodeMinRows && rows <= kAmxDecodeMaxRows &&
+         a.head_dim_qk % 32 == 0 && a.head_dim_v % 32 == 0 &&
+         a.head_dim_qk <= kAmxMaxRow;
+}
+
+// S^T of 32 keys: st[key][row] (f32, 16 x 2 tile rows) = the keys' K rows
+// (bf16, from k, `k_row` bytes apart) times the queries' pairs of head dims
+// qt ([dk / 2][16] u32). Tiles: C0, C2 the two halves, A4/A5 the K rows, B6
+// the queries.
+template <class Tiles>
+HWY_INLINE void AmxDecodeScoresImpl(const char* k, int64_t k_row, int64_t dk,
+                                    const uint32_t* qt, float* st) {
+  Tiles::template Zero<0>();
+  Tiles::template Zero<2>();
+  for (int64_t i = 0; i < dk; i += 32) {
+    Tiles::template Load<4>(k + 2 * i, k_row);
+    Tiles::template Load<5>(k + 16 * k_row + 2 * i, k_row);
+    Tiles::template Load<6>(qt + i / 2 * 16, 64);
+    Tiles::template Dot<0>();
+    Tiles::template Dot<2>();
+  }
+  Tiles::template Store<0>(st, 64);
+  Tiles::template Store<2>(st + 16 * 16, 64);
+}
+
+// o[row][e] += sum over the 32 keys of P[row][key] V[key][e]: pt holds P as
+// pairs of keys ([16 rows][16] u32), vp V as pairs of rows ([16][dv] u32,
+// PairValueRows), o is [16][dv] f32. Tiles: A4 P, B6/B7 two 16-dim slices
+// of V, C0/C1 the same slices of o.
+template <class Tiles>
+HWY_INLINE void AmxDecodeValuesImpl(const uint32_t* pt, const uint32_t* vp, int64_t dv,
+                                    float* o) {
+  const int64_t stride = dv * 4;
+  Tiles::template Load<4>(pt, 64);
+  for (int64_t e = 0; e < dv; e += 32) {
+    Tiles::template Load<0>(o + e, stride);
+    Tiles::template Load<1>(o + e + 16, stride);
+    Tiles::template Load<6>(vp + e, stride);
+    Tiles::template Load<7>(vp + e + 16, stride);
+    Tiles::template Dot<0>();
+    Tiles::template Dot<1>();
+    Tiles::template Store<0>(o + e, stride);
+    Tiles::template Store<1>(o + e + 16, stride);
+  }
+}
+
+SIMDATTN_AMX_TARGET HWY_NOINLINE inline void AmxDecodeScoresHw(const char* k, int64_t k_row,
+                                                              int64_t dk, const uint32_t* qt,
+                                                              float* st) {
+  AmxDecodeScoresImpl<amx::HardwareTiles>(k, k_row, dk, qt, st);
+}
+SIMDATTN_AMX_TARGET HWY_NOINLINE inline void AmxDecodeValuesHw(const uint32_t* pt,
+                                                              const uint32_t* vp, int64_t dv,
+                                                              float* o) {
+  AmxDecodeValuesImpl<amx::HardwareTiles>(pt, vp, dv, o);
+}
+
+// A decode task's keys on the tiles (DecodeTask's `leading`): Tiles is
+// amx::HardwareTiles or amx::EmulatedTiles.
+template <class Tiles>
+struct AmxDecodeKeys {
+  static constexpr bool kHardware = std::is_same_v<Tiles, amx::HardwareTiles>;
+
+  static void Scores(const char* k, int64_t k_row, int64_t dk, const uint32_t* qt,
+                     float* st) {
+    if constexpr (kHardware) {
+      AmxDecodeScoresHw(k, k_row, dk, qt, st);
+    } else {
+      AmxDecodeScoresImpl<Tiles>(k, k_row, dk, qt, st);
+    }
+  }
+  static void Values(const uint32_t* pt, const uint32_t* vp, int64_t dv, float* o) {
+    if constexpr (kHardware) {
+      AmxDecodeValuesHw(pt, vp, dv, o);
+    } else {
+      AmxDecodeValuesImpl<Tiles>(pt, vp, dv, o);
+    }
+  }
+
+  // Keys [kv_start, kv_end) of the task's r.rows rows (r.m, r.l and r.o as
+  // the decode path keeps them; no options, every key visible to every
+  // row), 32 at a time while 32 remain: S^T = K·Qᵀ on the tiles, scaled by
+  // a.scale in f32, the online softmax in f32 with the rows along the
+  // lanes, P rounded to bf16 (as on the tiled path) and o += P·V on the
+  // tiles. A step whose scores are not all finite (NaN or Inf in Q or K),
+  // and the last keys, are left to the decode path's exact handling.
+  // Returns the first key not done. Scratch: r.ktile and r.vtile.
+  int64_t operator()(const AttentionArgs& a, const KvRows& src, const RowTable& rt,
+                     int64_t b, const DecodeRows& r, int64_t kv_start,
+                     int64_t kv_end) const {
+    if (kv_end - kv_start < kAmxDecodeKeys || !AmxDecodes(a, src, r.rows)) return kv_start;
+    const hn::Full512<float> d;
+    using V = hn::Vec<decltype(d)>;
+    const hn::RebindToUnsigned<decltype(d)> du;
+    const int64_t dk = a.head_dim_qk, dv = a.head_dim_v, rows = r.rows;
+    uint32_t* qt = reinterpret_cast<uint32_t*>(r.ktile);          // [dk / 2][16]
+    float* st = r.ktile + dk * 8;                                   // [32][16]
+    uint32_t* pt = reinterpret_cast<uint32_t*>(st + 32 * 16);      // [16][16]
+    uint16_t* q16 = reinterpret_cast<uint16_t*>(pt + 16 * 16);     // [dk]
+    uint32_t* vp = reinterpret_cast<uint32_t*>(r.vtile);          // [16][dv]
+    float* o = r.vtile + 16 * dv;                                   // [16][dv]
+    std::fill(qt, qt + dk * 8, 0u);
+    const int64_t q_size = a.q_type == Storage::kF32 ? 4 : 2;
+    for (int64_t i = 0; i < rows; ++i) {
+      const char* q = static_cast<const char*>(a.q) +
+                      (b * a.q_strides[0] + rt.head[i] * a.q_strides[1] +
+                       rt.query[i] * a.q_strides[2]) * q_size;
+      RowToBf16(a.q_type, q, dk, q16);
+      for (int64_t e = 0; e < dk; ++e) {
+        qt[e / 2 * 16 + i] |= static_cast<uint32_t>(q16[e]) << (16 * (e % 2));
+      }
+    }
+    std::fill(pt, pt + 16 * 16, 0u);  // rows past `rows` stay zero
+    std::copy(r.o, r.o + rows * dv, o);
+    std::fill(o + rows * dv, o + 16 * dv, 0.0f);
+    // m and l along the lanes; lanes past `rows` see scores of 0.
+    HWY_ALIGN float ml[2][16] = {};
+    std::copy(r.m, r.m + rows, ml[0]);
+    std::copy(r.l, r.l + rows, ml[1]);
+    V vm = hn::Load(d, ml[0]), vl = hn::Load(d, ml[1]);
+    const V scale = hn::Set(d, a.scale);
+    const char* k = src.KRow(kv_start);
+    const uint16_t* v = reinterpret_cast<const uint16_t*>(src.VRow(kv_start));
+    const int64_t v_row = src.v_row / 2;
+    AmxConfigure<Tiles>();
+    int64_t j = kv_start;
+    for (; j + kAmxDecodeKeys <= kv_end; j += kAmxDecodeKeys) {
+      const int64_t at = j - kv_start;
+      Scores(k + at * src.k_row, src.k_row, dk, qt, st);
+      V s[kAmxDecodeKeys];
+      V mx = hn::Set(d, -std::numeric_limits<float>::infinity());
+      V nonfinite = hn::Zero(d);  // x - x: NaN where x is Inf or NaN
+      for (int64_t c = 0; c < kAmxDecodeKeys; ++c) {
+        s[c] = hn::Mul(hn::Load(d, st + c * 16), scale);
+        mx = hn::Max(mx, s[c]);
+        nonfinite = hn::Add(nonfinite, hn::Sub(s[c], s[c]));
+      }
+      if (!hn::AllFalse(d, hn::IsNaN(nonfinite))) break;
+      const V m_new = hn::Max(vm, mx);
+      if (!hn::AllTrue(d, hn::Eq(m_new, vm))) {
+        const V alpha = ExpNonPositive(d, hn::Sub(vm, m_new));
+        vl = hn::Mul(vl, alpha);
+        HWY_ALIGN float al[16];
+        hn::Store(alpha, d, al);
+        for (int64_t i = 0; i < rows; ++i) {
+          if (al[i] == 1.0f) continue;
+          const V ai = hn::Set(d, al[i]);
+          float* row = o + i * dv;
+          for (int64_t e = 0; e < dv; e += 16) {
+            hn::Store(hn::Mul(ai, hn::Load(d, row + e)), d, row + e);
+          }
+        }
+        vm = m_new;
+      }
+      // The weights as bf16 pairs of keys, transposed to [row][pair].
+      V pairs[16];
+      for (int64_t c = 0; c < kAmxDecodeKeys; c += 2) {
+        const V p0 = ExpNonPositive(d, hn::Sub(s[c], vm));
+        const V p1 = ExpNonPositive(d, hn::Sub(s[c + 1], vm));
+        vl = hn::Add(vl, hn::Add(p0, p1));
+        pairs[c / 2] = hn::BitCast(
+            d, hn::Or(RoundToBf16(d, p0), hn::ShiftLeft<16>(RoundToBf16(d, p1))));
+      }
+      Transpose16x16(pairs);
+      for (int64_t i = 0; i < rows; ++i) {
+        hn::Store(hn::BitCast(du, pairs[i]), du, pt + i * 16);
+      }
+      PairValueRows(v + at * v_row, v_row, kAmxDecodeKeys, dv, vp);
+      Values(pt, vp, dv, o);
+    }
+    AmxRelease<Tiles>();
+    hn::Store(vm, d, ml[0]);
+    hn::Store(vl, d, ml[1]);
+    std::copy(ml[0], ml[0] + rows, r.m);
+    std::copy(ml[1], ml[1] + rows, r.l);
+    std::copy(o, o + rows * dv, r.o);
+    return j;
+  }
+};
+
+#endif  // SIMDATTN_AMX
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace simdattn
+HWY_AFTER_NAMESPACE();
+
+#endif  // SIMDATTN_LIB_KERNELS_DECODE_AMX_INL_H_
