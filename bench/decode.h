@@ -46,11 +46,13 @@ struct DecodeCopies {
 // 1 GB each with a 480 MiB last-level cache).
 std::shared_ptr<DecodeCopies> CachedDecodeCopies(const Shape& s, KvStore kv);
 
-// simdattn's f32 Q and K/V (as stored) of copy i.
+// simdattn's Q (f32, or with q_bf16 the bf16 copy of a bf16 cache's
+// problem) and K/V (as stored) of copy i.
 struct DecodeInputs {
   TensorView q, k, v;
 };
-DecodeInputs SimdattnDecodeInputs(const DecodeCopies& c, const Shape& s, KvStore kv, size_t i);
+DecodeInputs SimdattnDecodeInputs(const DecodeCopies& c, const Shape& s, KvStore kv, size_t i,
+                                  bool q_bf16 = false);
 
 // One simdattn decode call on copy *i of c (then *i moves to the next copy);
 // false (and the entry marked as an error) if it fails.

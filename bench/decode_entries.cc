@@ -63,7 +63,7 @@ std::shared_ptr<DecodeCopies> MakeDecodeCopies(const Shape& s, KvStore kv) {
 }
 
 void BenchDecodeSimdattn(benchmark::State& state, const Shape& s, KvStore kv, int threads,
-                         const Variant& var) {
+                         const Variant& var, bool q_bf16) {
   const std::shared_ptr<DecodeCopies> c = CachedDecodeCopies(s, kv);
   ThreadPool pool(threads);
   ExecutionOptions exec;
@@ -74,7 +74,7 @@ void BenchDecodeSimdattn(benchmark::State& state, const Shape& s, KvStore kv, in
   RunInfo info;
   size_t i = 0;
   for (auto _ : state) {
-    const DecodeInputs in = SimdattnDecodeInputs(*c, s, kv, i);
+    const DecodeInputs in = SimdattnDecodeInputs(*c, s, kv, i, q_bf16);
     const Status st = Attention(in.q, in.k, in.v, o, options, {}, exec, &info);
     if (!st.ok()) {
       state.SkipWithError(st.message.c_str());
@@ -101,10 +101,12 @@ void BenchDecodeOneDnn(benchmark::State& state, const Shape& s, KvStore kv, int 
 }
 
 // One decode family: attention/<impl>/<dtype>/... (oneDNN 2.6's matmul
-// takes f32 or bf16, so it has no f16 family).
+// takes f32 or bf16, so it has no f16 family). q_bf16: simdattn with bf16
+// Q as well as K/V (dtype bf16, as oneDNN's bf16 family).
 struct DecodeFamily {
   bool onednn;
   KvStore kv;
+  bool q_bf16 = false;
 };
 constexpr DecodeFamily kDecodeFamilies[] = {
     {false, KvStore::kF32},  {true, KvStore::kF32},  {false, KvStore::kF16},
@@ -113,15 +115,16 @@ constexpr DecodeFamily kDecodeFamilies[] = {
 
 void RegisterDecodeFamily(const Shape& s, const DecodeFamily& f, const Variant& var, int threads) {
   const std::string name = std::string("attention/") + (f.onednn ? "onednn/" : "simdattn/") +
-                           DecodeDtypeName(f.kv, f.onednn) + "/" + s.Name() + "/" + var.name +
-                           ThreadsField(threads);
+                           (f.q_bf16 ? "bf16" : DecodeDtypeName(f.kv, f.onednn)) + "/" +
+                           s.Name() + "/" + var.name + ThreadsField(threads);
   const KvStore kv = f.kv;
   if (f.onednn) {
     Register(name,
              [s, kv, threads](benchmark::State& st) { BenchDecodeOneDnn(st, s, kv, threads); });
   } else {
-    Register(name, [s, kv, threads, var](benchmark::State& st) {
-      BenchDecodeSimdattn(st, s, kv, threads, var);
+    const bool q_bf16 = f.q_bf16;
+    Register(name, [s, kv, threads, var, q_bf16](benchmark::State& st) {
+      BenchDecodeSimdattn(st, s, kv, threads, var, q_bf16);
     });
   }
 }
@@ -157,12 +160,16 @@ std::shared_ptr<DecodeCopies> CachedDecodeCopies(const Shape& s, KvStore kv) {
   return recent.front().second;
 }
 
-DecodeInputs SimdattnDecodeInputs(const DecodeCopies& c, const Shape& s, KvStore kv, size_t i) {
+DecodeInputs SimdattnDecodeInputs(const DecodeCopies& c, const Shape& s, KvStore kv, size_t i,
+                                  bool q_bf16) {
   const bool f32 = kv == KvStore::kF32;
   const DType kv_type = f32 ? DType::kF32 : kv == KvStore::kF16 ? DType::kF16 : DType::kBF16;
   const void* k = f32 ? (const void*)c.k32[i].data() : c.k16[i].data();
   const void* v = f32 ? (const void*)c.v32[i].data() : c.v16[i].data();
-  return {MakeBHSD(c.q[i].data(), DType::kF32, s.batch, s.q_heads, s.q_len, s.head_dim),
+  const bool bf16_q = q_bf16 && kv == KvStore::kBF16;
+  return {bf16_q ? MakeBHSD(c.q16[i].data(), DType::kBF16, s.batch, s.q_heads, s.q_len,
+                            s.head_dim)
+                 : MakeBHSD(c.q[i].data(), DType::kF32, s.batch, s.q_heads, s.q_len, s.head_dim),
           MakeBHSD(k, kv_type, s.batch, s.kv_heads, s.kv_len, s.head_dim),
           MakeBHSD(v, kv_type, s.batch, s.kv_heads, s.kv_len, s.head_dim)};
 }
@@ -234,12 +241,15 @@ void RegisterDecodeEntries(const BenchConfig& config) {
     }
   }
   if (config.headline) return;
-  // Speculative decoding: a few queries per head, bottom-right causal.
+  // Speculative decoding: a few queries per head, bottom-right causal; f32
+  // Q with an f16 cache, and bf16 Q with a bf16 one.
   Variant spec;
   spec.name = "causal", spec.causal = true, spec.bottom_right = true;
   for (int64_t lq : {2, 4, 8}) {
     for (int threads : config.threads) {
       RegisterDecodeFamily({1, 32, 8, lq, 16384, 128}, {false, KvStore::kF16}, spec, threads);
+      RegisterDecodeFamily({1, 32, 8, lq, 16384, 128}, {false, KvStore::kBF16, true}, spec,
+                           threads);
     }
   }
   for (const Variant& var : OptionVariants()) {
