@@ -241,6 +241,30 @@ TEST(PagedTest, MixedBatchEveryStorageType) {
   }
 }
 
+// bf16 decode rows of 5 to 16 per KV head (GQA 8, speculative Lq 2 with
+// GQA 4) read K and V from their pages on AVX3_AMX's tiles, 16 keys per
+// page at least (pages of 16 and 32, both layouts, chunks of a long
+// sequence); pages of 8 leave the keys to the decode path.
+TEST(PagedTest, DecodeOnTheTilesReadsPages) {
+  uint32_t seed = 230;
+  for (int64_t block : {16, 32, 8}) {
+    for (bool nhd : {true, false}) {
+      PagedCase c;
+      c.seqs = {{1, QuickMode() ? 600 : 1500}, {2, 700}, {1, 40}, {2, 90}};
+      c.q_heads = 16;
+      c.kv_heads = 2;
+      c.dk = c.dv = 64;
+      c.block_size = block;
+      c.nhd = nhd;
+      c.q_dtype = c.kv_dtype = c.o_dtype = DType::kBF16;
+      c.options.causal = true;
+      c.options.alignment = Alignment::kBottomRight;
+      SCOPED_TRACE(testing::Message() << "pages of " << block << (nhd ? " NHD" : " HND"));
+      CheckPaged(c, seed++);
+    }
+  }
+}
+
 // A long sequence among short ones is split into key chunks (combined
 // through their LSE); the fused 16-bit decode loop reads page by page.
 TEST(PagedTest, LongSequenceAmongShortOnes) {

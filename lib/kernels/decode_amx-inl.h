@@ -40,29 +40,29 @@ constexpr int64_t kAmxDecodeMaxRows = 16;
 constexpr int64_t kAmxDecodeKeys = 32;
 
 // Whether a decode task of `rows` rows without options runs on the tiles:
-// bf16 K and V in place (not paged: a step's 32 rows must be one stride
-// apart), bf16 Q (or Q of another type that the caller lets round,
-// ExecutionOptions::allow_bf16_compute), head dims of whole tiles.
-HWY_INLINE bool AmxDecodes(const AttentionArgs& a, const KvRows& src, int64_t rows) {
+// bf16 K and V in place (dense, strided or paged), bf16 Q (or Q of another
+// type that the caller lets round, ExecutionOptions::allow_bf16_compute),
+// head dims of whole tiles.
+HWY_INLINE bool AmxDecodes(const AttentionArgs& a, int64_t rows) {
   const bool q = a.q_type == Storage::kBF16 || (a.bf16_compute && IsWideStorage(a.q_type));
   return q && a.k_type == Storage::kBF16 && a.v_type == Storage::kBF16 &&
-         src.table == nullptr && rows >= kAmxDecodeMinRows && rows <= kAmxDecodeMaxRows &&
+         rows >= kAmxDecodeMinRows && rows <= kAmxDecodeMaxRows &&
          a.head_dim_qk % 32 == 0 && a.head_dim_v % 32 == 0 &&
          a.head_dim_qk <= kAmxMaxRow;
 }
 
 // S^T of 32 keys: st[key][row] (f32, 16 x 2 tile rows) = the keys' K rows
-// (bf16, from k, `k_row` bytes apart) times the queries' pairs of head dims
-// qt ([dk / 2][16] u32). Tiles: C0, C2 the two halves, A4/A5 the K rows, B6
-// the queries.
+// (bf16; the first 16 from k0, the others from k1, each `k_row` bytes
+// apart) times the queries' pairs of head dims qt ([dk / 2][16] u32).
+// Tiles: C0, C2 the two halves, A4/A5 their K rows, B6 the queries.
 template <class Tiles>
-HWY_INLINE void AmxDecodeScoresImpl(const char* k, int64_t k_row, int64_t dk,
+HWY_INLINE void AmxDecodeScoresImpl(const char* k0, const char* k1, int64_t k_row, int64_t dk,
                                     const uint32_t* qt, float* st) {
   Tiles::template Zero<0>();
   Tiles::template Zero<2>();
   for (int64_t i = 0; i < dk; i += 32) {
-    Tiles::template Load<4>(k + 2 * i, k_row);
-    Tiles::template Load<5>(k + 16 * k_row + 2 * i, k_row);
+    Tiles::template Load<4>(k0 + 2 * i, k_row);
+    Tiles::template Load<5>(k1 + 2 * i, k_row);
     Tiles::template Load<6>(qt + i / 2 * 16, 64);
     Tiles::template Dot<0>();
     Tiles::template Dot<2>();
@@ -92,10 +92,10 @@ HWY_INLINE void AmxDecodeValuesImpl(const uint32_t* pt, const uint32_t* vp, int6
   }
 }
 
-SIMDATTN_AMX_TARGET HWY_NOINLINE inline void AmxDecodeScoresHw(const char* k, int64_t k_row,
-                                                              int64_t dk, const uint32_t* qt,
-                                                              float* st) {
-  AmxDecodeScoresImpl<amx::HardwareTiles>(k, k_row, dk, qt, st);
+SIMDATTN_AMX_TARGET HWY_NOINLINE inline void AmxDecodeScoresHw(const char* k0, const char* k1,
+                                                              int64_t k_row, int64_t dk,
+                                                              const uint32_t* qt, float* st) {
+  AmxDecodeScoresImpl<amx::HardwareTiles>(k0, k1, k_row, dk, qt, st);
 }
 SIMDATTN_AMX_TARGET HWY_NOINLINE inline void AmxDecodeValuesHw(const uint32_t* pt,
                                                               const uint32_t* vp, int64_t dv,
@@ -109,12 +109,12 @@ template <class Tiles>
 struct AmxDecodeKeys {
   static constexpr bool kHardware = std::is_same_v<Tiles, amx::HardwareTiles>;
 
-  static void Scores(const char* k, int64_t k_row, int64_t dk, const uint32_t* qt,
-                     float* st) {
+  static void Scores(const char* k0, const char* k1, int64_t k_row, int64_t dk,
+                     const uint32_t* qt, float* st) {
     if constexpr (kHardware) {
-      AmxDecodeScoresHw(k, k_row, dk, qt, st);
+      AmxDecodeScoresHw(k0, k1, k_row, dk, qt, st);
     } else {
-      AmxDecodeScoresImpl<Tiles>(k, k_row, dk, qt, st);
+      AmxDecodeScoresImpl<Tiles>(k0, k1, k_row, dk, qt, st);
     }
   }
   static void Values(const uint32_t* pt, const uint32_t* vp, int64_t dv, float* o) {
@@ -131,12 +131,14 @@ struct AmxDecodeKeys {
   // a.scale in f32, the online softmax in f32 with the rows along the
   // lanes, P rounded to bf16 (as on the tiled path) and o += P·V on the
   // tiles. A step whose scores are not all finite (NaN or Inf in Q or K),
-  // and the last keys, are left to the decode path's exact handling.
+  // a step whose halves are not each in one run of rows (pages of other
+  // sizes than multiples of 16), and the last keys, are left to the decode
+  // path's exact handling.
   // Returns the first key not done. Scratch: r.ktile and r.vtile.
   int64_t operator()(const AttentionArgs& a, const KvRows& src, const RowTable& rt,
                      int64_t b, const DecodeRows& r, int64_t kv_start,
                      int64_t kv_end) const {
-    if (kv_end - kv_start < kAmxDecodeKeys || !AmxDecodes(a, src, r.rows)) return kv_start;
+    if (kv_end - kv_start < kAmxDecodeKeys || !AmxDecodes(a, r.rows)) return kv_start;
     const hn::Full512<float> d;
     using V = hn::Vec<decltype(d)>;
     const hn::RebindToUnsigned<decltype(d)> du;
@@ -167,14 +169,14 @@ struct AmxDecodeKeys {
     std::copy(r.l, r.l + rows, ml[1]);
     V vm = hn::Load(d, ml[0]), vl = hn::Load(d, ml[1]);
     const V scale = hn::Set(d, a.scale);
-    const char* k = src.KRow(kv_start);
-    const uint16_t* v = reinterpret_cast<const uint16_t*>(src.VRow(kv_start));
     const int64_t v_row = src.v_row / 2;
     AmxConfigure<Tiles>();
     int64_t j = kv_start;
     for (; j + kAmxDecodeKeys <= kv_end; j += kAmxDecodeKeys) {
-      const int64_t at = j - kv_start;
-      Scores(k + at * src.k_row, src.k_row, dk, qt, st);
+      // Each half of the step's keys in one run of rows one stride apart
+      // (a page holds whole halves when its size is a multiple of 16).
+      if (src.RunEnd(j) < j + 16 || src.RunEnd(j + 16) < j + 32) break;
+      Scores(src.KRow(j), src.KRow(j + 16), src.k_row, dk, qt, st);
       V s[kAmxDecodeKeys];
       V mx = hn::Set(d, -std::numeric_limits<float>::infinity());
       V nonfinite = hn::Zero(d);  // x - x: NaN where x is Inf or NaN
@@ -213,7 +215,10 @@ struct AmxDecodeKeys {
       for (int64_t i = 0; i < rows; ++i) {
         hn::Store(hn::BitCast(du, pairs[i]), du, pt + i * 16);
       }
-      PairValueRows(v + at * v_row, v_row, kAmxDecodeKeys, dv, vp);
+      for (int64_t h = 0; h < 2; ++h) {
+        PairValueRows(reinterpret_cast<const uint16_t*>(src.VRow(j + 16 * h)), v_row, 16, dv,
+                      vp + 8 * h * dv);
+      }
       Values(pt, vp, dv, o);
     }
     AmxRelease<Tiles>();
