@@ -222,10 +222,12 @@ Plan MakePlan(const AttentionArgs& a, const TargetCaps& caps, int64_t other_grou
   plan.num_blocks = (group_rows + plan.block_rows - 1) / plan.block_rows;
   // The decode path (every option runs on it): Lq = 1, or a few queries per
   // head (speculative decoding) while the group has at most kDecodeMaxRows
-  // rows; all of a group's rows in one block of at most two vectors.
+  // rows, or any that fit where the AMX tiles take the decode's keys (no
+  // options); all of a group's rows in one block of at most two vectors.
   const bool decode = group_rows <= plan.block_rows &&
                       plan.block_rows <= 2 * caps.lanes &&
-                      (a.q_len == 1 || group_rows <= kDecodeMaxRows);
+                      (a.q_len == 1 || group_rows <= kDecodeMaxRows ||
+                       (caps.amx && AmxDecodeInputs(a) && !HasOptions(a)));
   plan.path = !decode                ? KernelPath::kTiled
               : FusedDecode(a, caps) ? KernelPath::kDecodeFused
                                      : KernelPath::kDecode;

@@ -263,11 +263,12 @@ TEST(AmxTest, AllowBf16ComputeWithKAndVOfDifferentTypes) {
   }
 }
 
-// Decode tasks of 5 to 16 rows with bf16 K/V in place (or f32 Q with
+// Decode tasks of 5 to 32 rows with bf16 K/V in place (or f32 Q with
 // allow_bf16_compute) run their keys on the tiles 32 at a time and leave
 // the last ones to the decode path: against the reference on every target
 // (GQA groups of 5 and 8, speculative decoding with causal cuts in the last
-// chunk only, strided rows, several key chunks, Dv != Dk). Where they run on
+// chunk only, one and two halves of 16 rows, strided rows, several key
+// chunks, Dv != Dk). Where they run on
 // the tiles, AVX3_AMX rounds P to bf16 and so differs from AVX3_BF16, whose
 // decode path keeps it f32; where they do not (4 rows, head dims that are
 // not whole tiles, options) the two give the same bits.
@@ -282,6 +283,8 @@ TEST(AmxTest, DecodeOnTheTiles) {
       {10, 2, 1, 64, 96, false, true, DType::kBF16},    // 5 rows
       {8, 2, 2, 64, 64, true, true, DType::kBF16},      // Lq 2, GQA 4: 8 rows
       {8, 2, 4, 128, 64, true, true, DType::kF32},      // 16 rows, rounded
+      {8, 2, 8, 64, 128, true, true, DType::kBF16},     // Lq 8: 32 rows
+      {24, 2, 2, 96, 64, true, true, DType::kBF16},     // 24 rows
       {8, 2, 1, 64, 64, false, false, DType::kBF16},    // 4 rows: fused
       {16, 2, 1, 72, 72, false, false, DType::kBF16},   // Dk 72
       {16, 2, 1, 64, 64, true, false, DType::kF32},     // f32 Q, not allowed

@@ -46,7 +46,8 @@ Case DecodeCase(DType kv, int64_t d) {
 // decode path (while the group's rows fill at most 2 vectors), fused for
 // 16-bit K/V the target widens in registers without
 // options and with head dims of whole vectors; speculative decoding (a few
-// queries per head) on the decode path up to 16 rows per group.
+// queries per head) on the decode path up to 16 rows per group, up to 32
+// where the AMX tiles take the decode's keys.
 TEST(PlanTest, KernelPaths) {
   const TargetCaps avx512{16, true, true, 256};
   const TargetCaps sse4{4, true, false, 256};
@@ -70,6 +71,22 @@ TEST(PlanTest, KernelPaths) {
   EXPECT_EQ(PlanOf(spec, avx512).path, KernelPath::kDecode);
   spec.q_len = 5;  // 20 rows
   EXPECT_EQ(PlanOf(spec, avx512).path, KernelPath::kTiled);
+  // AVX3_AMX: up to 32 rows (2 vectors) on the decode path, whose keys go
+  // to the tiles, when Q, K and V are bf16 and there are no options.
+  TargetCaps amx = avx512;
+  amx.amx = true;
+  Case tiles = DecodeCase(DType::kBF16, 64);
+  tiles.q_dtype = DType::kBF16;
+  tiles.q_len = 8;  // 32 rows
+  tiles.options.causal = true;
+  tiles.options.alignment = Alignment::kBottomRight;
+  EXPECT_EQ(PlanOf(tiles, amx).path, KernelPath::kDecode);
+  EXPECT_EQ(PlanOf(tiles, avx512).path, KernelPath::kTiled);
+  tiles.options.softcap = 30.0f;
+  EXPECT_EQ(PlanOf(tiles, amx).path, KernelPath::kTiled);
+  tiles.options.softcap = 0.0f;
+  tiles.dk = tiles.dv = 72;
+  EXPECT_EQ(PlanOf(tiles, amx).path, KernelPath::kTiled);
   Case prefill = DecodeCase(DType::kBF16, 64);
   prefill.q_len = prefill.kv_len = 300;
   const Plan p = PlanOf(prefill, avx512);

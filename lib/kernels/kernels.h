@@ -167,6 +167,18 @@ inline int64_t PackedGroupFloats(const AttentionArgs& a) {
   return PackedKFloats(a) + (a.kv_len * a.head_dim_v + 63) / 64 * 64;
 }
 
+// Whether the AVX3_AMX entry's decode runs a call's keys on the tiles
+// (decode_amx-inl.h, for tasks of 5 to 32 rows without options): bf16 K and
+// V read in place (dense, or in pages of a multiple of 16 keys), bf16 Q or
+// Q of another type the caller lets round (allow_bf16_compute), head dims
+// multiples of 32 up to 1024.
+inline bool AmxDecodeInputs(const AttentionArgs& a) {
+  const bool q = a.q_type == Storage::kBF16 || (a.bf16_compute && IsWideStorage(a.q_type));
+  return q && a.k_type == Storage::kBF16 && a.v_type == Storage::kBF16 &&
+         (a.block_table == nullptr || a.block_size % 16 == 0) && a.head_dim_qk % 32 == 0 &&
+         a.head_dim_v % 32 == 0 && a.head_dim_qk <= 1024;
+}
+
 // The AVX3_AMX entry's packed K/V of one group (amx-inl.h): K as
 // [keys][Dk rounded up to 32] bf16, then Vᵀ as [Dv rounded up to 32][keys],
 // keys = Lk rounded up to 32, plus 32 (a 32-key tile from any valid key).
