@@ -11,6 +11,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "gtest/gtest.h"
 #include "lib/dtype.h"
 
 namespace simdattn {
@@ -205,6 +206,23 @@ double MaxAbs(const Tensor& t) {
         for (int64_t d = 0; d < t.shape[3]; ++d)
           m = std::max(m, std::fabs(static_cast<double>(t.Get(a, b, c, d))));
   return m;
+}
+
+void ExpectNanWhereReferenceIs(const Tensor& o, const std::vector<double>& o_ref,
+                               double bound) {
+  size_t i = 0;
+  for (int64_t a = 0; a < o.shape[0]; ++a)
+    for (int64_t b = 0; b < o.shape[1]; ++b)
+      for (int64_t c = 0; c < o.shape[2]; ++c)
+        for (int64_t d = 0; d < o.shape[3]; ++d, ++i) {
+          const float got = o.Get(a, b, c, d);
+          if (std::isnan(o_ref[i])) {
+            EXPECT_TRUE(std::isnan(got)) << "at " << a << " " << b << " " << c << " " << d;
+          } else {
+            EXPECT_LE(std::fabs(got - o_ref[i]), bound)
+                << "at " << a << " " << b << " " << c << " " << d;
+          }
+        }
 }
 
 double MaxError(const Tensor& o, const std::vector<double>& o_ref,

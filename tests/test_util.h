@@ -109,6 +109,11 @@ double MaxError(const Tensor& o, const std::vector<double>& o_ref,
                 double max_abs_v);
 double MaxAbs(const Tensor& t);
 
+// Each logical element of o (in o_ref's order) is NaN where o_ref is NaN,
+// and elsewhere within `bound` of it (absolute).
+void ExpectNanWhereReferenceIs(const Tensor& o, const std::vector<double>& o_ref,
+                               double bound);
+
 // SEMANTICS.md bounds for the narrowest storage type.
 double OutputBound(DType narrowest);
 
