@@ -290,13 +290,19 @@ TEST(AmxTest, DecodeOnTheTiles) {
       {16, 2, 1, 64, 64, true, false, DType::kF32},     // f32 Q, not allowed
   };
   uint32_t seed = 980;
-  for (const Shape& shape : shapes) {
+  for (size_t n = 0; n < shapes.size(); ++n) {
+    const Shape& shape = shapes[n];
+    // Quick mode (qemu, no tiles): 8 and 32 rows only.
+    if (QuickMode() && n != 0 && n != 4) {
+      ++seed;
+      continue;
+    }
     Case c;
     c.batch = 2;
     c.q_heads = shape.q_heads;
     c.kv_heads = shape.kv_heads;
     c.q_len = shape.q_len;
-    c.kv_len = QuickMode() ? 700 : 1300;
+    c.kv_len = QuickMode() ? 600 : 1300;
     c.dk = shape.dk;
     c.dv = shape.dv;
     c.q_dtype = shape.q;
@@ -346,7 +352,7 @@ TEST(AmxTest, DecodeOnTheTilesWithNonFiniteKeys) {
     c.q_dtype = c.kv_dtype = DType::kBF16;
     c.q_heads = 16;
     c.kv_heads = 2;
-    c.kv_len = 1001;
+    c.kv_len = QuickMode() ? 300 : 1001;
     c.dk = c.dv = 64;
     Inputs in = MakeInputs(c, 990 + which);
     const float x = which == 0 ? std::numeric_limits<float>::quiet_NaN()

@@ -249,8 +249,14 @@ TEST(PagedTest, DecodeOnTheTilesReadsPages) {
   uint32_t seed = 230;
   for (int64_t block : {16, 32, 8}) {
     for (bool nhd : {true, false}) {
+      // Quick mode (qemu, no tiles): pages of 16 (NHD) and 8 (HND) only.
+      if (QuickMode() && (block == 32 || nhd != (block == 16))) {
+        ++seed;
+        continue;
+      }
       PagedCase c;
-      c.seqs = {{1, QuickMode() ? 600 : 1500}, {2, 700}, {1, 40}, {2, 90}};
+      c.seqs = QuickMode() ? std::vector<Seq>{{1, 300}, {2, 200}, {1, 40}}
+                           : std::vector<Seq>{{1, 1500}, {2, 700}, {1, 40}, {2, 90}};
       c.q_heads = 16;
       c.kv_heads = 2;
       c.dk = c.dv = 64;
