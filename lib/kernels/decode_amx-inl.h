@@ -145,18 +145,14 @@ struct AmxDecodeKeys {
   }
 
   // One half's online-softmax step on its scores st ([32 keys][16 rows],
-  // times scale): m and l of its `rows` rows along the lanes, its rows of o
-  // ([rows][dv]) scaled where the maximum rose; its weights rounded to bf16
-  // and stored as pairs of keys per row in pt ([16][16] u32; rows past
-  // `rows` untouched).
-  static void Softmax(const float* st, V scale, int64_t rows, int64_t dv, V& vm, V& vl,
-                      float* o, uint32_t* pt) {
+  // times scale; mx their maximum per row): m and l of its `rows` rows
+  // along the lanes, its rows of o ([rows][dv]) scaled where the maximum
+  // rose; its weights rounded to bf16 and stored as pairs of keys per row in
+  // pt ([16][16] u32; rows past `rows` untouched).
+  static void Softmax(const float* st, V scale, V mx, int64_t rows, int64_t dv, V& vm,
+                      V& vl, float* o, uint32_t* pt) {
     const D d;
     const hn::RebindToUnsigned<D> du;
-    V mx = hn::Set(d, -std::numeric_limits<float>::infinity());
-    for (int64_t c = 0; c < kAmxDecodeKeys; ++c) {
-      mx = hn::Max(mx, hn::Mul(hn::Load(d, st + c * 16), scale));
-    }
     const V m_new = hn::Max(vm, mx);
     if (!hn::AllTrue(d, hn::Eq(m_new, vm))) {
       const V alpha = ExpNonPositive(d, hn::Sub(vm, m_new));
@@ -244,15 +240,22 @@ struct AmxDecodeKeys {
       // holds whole runs when its size is a multiple of 16).
       if (src.RunEnd(j) < j + 16 || src.RunEnd(j + 16) < j + 32) break;
       Scores(src.KRow(j), src.KRow(j + 16), src.k_row, dk, halves, qt, st);
+      // Each half's maxima, and whether every score is finite, before any
+      // state changes.
+      V mx[2];
       V nonfinite = hn::Zero(d);  // x - x: NaN where x is Inf or NaN
-      for (int64_t c = 0; c < 32 * halves; ++c) {
-        const V x = hn::Mul(hn::Load(d, st + c * 16), scale);
-        nonfinite = hn::Add(nonfinite, hn::Sub(x, x));
+      for (int h = 0; h < halves; ++h) {
+        mx[h] = hn::Set(d, -std::numeric_limits<float>::infinity());
+        for (int64_t c = 0; c < kAmxDecodeKeys; ++c) {
+          const V x = hn::Mul(hn::Load(d, st + (32 * h + c) * 16), scale);
+          mx[h] = hn::Max(mx[h], x);
+          nonfinite = hn::Add(nonfinite, hn::Sub(x, x));
+        }
       }
       if (!hn::AllFalse(d, hn::IsNaN(nonfinite))) break;
       for (int h = 0; h < halves; ++h) {
-        Softmax(st + 512 * h, scale, std::min<int64_t>(16, rows - 16 * h), dv, vm[h], vl[h],
-                o + 16 * h * dv, pt + 256 * h);
+        Softmax(st + 512 * h, scale, mx[h], std::min<int64_t>(16, rows - 16 * h), dv, vm[h],
+                vl[h], o + 16 * h * dv, pt + 256 * h);
       }
       for (int64_t h = 0; h < 2; ++h) {
         PairValueRows(reinterpret_cast<const uint16_t*>(src.VRow(j + 16 * h)), v_row, 16, dv,
